@@ -1,0 +1,139 @@
+// The attention-backend interface (SYSTEM.md sections 4-6) and the backend registry.
+// One backend instance serves all layers: init_forward_metadata() plans once per batch, then
+// each layer calls forward_decode() or forward_extend().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mla/batch.h"
+#include "mla/kv_pool.h"
+#include "mla/model.h"
+#include "mla/ops.h"
+#include "mla/status.h"
+#include "mla/tensor.h"
+
+namespace mla {
+
+// Which form a layer uses for a batch (SYSTEM.md 6, last paragraph).
+enum class ForwardMethod : uint8_t {
+  kAbsorbed,    // MQA over the paged latent cache
+  kMhaOneShot,  // gather + up-project prefix and new tokens together, one causal pass
+  kMhaChunked,  // causal among new tokens, then prefix chunks merged in
+};
+std::string_view forward_method_name(ForwardMethod m);
+
+struct BackendOptions {
+  ModelDims model;
+  Device device = Device::cpu();
+  std::string op_set;  // "" = the device's default op set
+  bool disable_chunked_prefix_cache = false;
+  bool piecewise_cuda_graph = false;         // piecewise-graph mode (absorbed for all extends)
+  int64_t chunked_prefix_capacity = 131072;  // tokens per chunk across the batch
+  int64_t mha_prefix_threshold = 8192;       // paged_mla: sum(prefix) at which MHA is used
+  // 0 = from the environment (MLA_PAGED_WORKSPACE_BYTES / MLA_CHUNKED_WORKSPACE_BYTES) or default.
+  std::size_t paged_workspace_bytes = 0;
+  std::size_t chunked_workspace_bytes = 0;
+  int max_batch = 256;          // eager capacity; graph capacity comes from init_cuda_graph_state
+  int max_q_len = 8;            // longest decode/verify q_len planned for
+};
+
+// Inputs of one layer's attention call. Only the fields of the chosen form need to be set.
+struct AttentionInputs {
+  int layer = 0;
+  TensorView c_kv;        // bf16 [T, 512] new tokens' latent rows (row stride may be larger)
+  TensorView k_pe;        // bf16 [T, 64]  new tokens' rotated k_pe
+  bool save_kv_cache = true;
+  // absorbed form
+  TensorView q_absorbed;  // bf16 [T, H, 576] = [q_nope @ W_UK | q_pe]
+  // MHA form
+  TensorView q;           // bf16 [T, H, 192]
+  TensorView k;           // bf16 [T, H, 192] new tokens, up-projected
+  TensorView v;           // bf16 [T, H, 128]
+  TensorView kv_b_proj;   // bf16 [H * 256, 512] to up-project cached prefix rows
+};
+
+struct AttentionOutputs {
+  TensorView o_latent;  // bf16 [T, H, 512] absorbed form
+  TensorView o;         // bf16 [T, H, 128] MHA form
+  TensorView lse;       // f32 [T, H]; optional (empty = not wanted)
+};
+
+// Planning work, counted so tests can prove a skip.
+struct PlanningStats {
+  uint64_t init_forward_metadata_calls = 0;
+  uint64_t absorbed_plans = 0;
+  uint64_t mha_plans = 0;
+  uint64_t mha_chunk_plans = 0;       // chunked-prefix planner runs
+  uint64_t fallbacks = 0;             // batches that took the parent's absorbed path
+  uint64_t graph_replays = 0;
+  uint64_t plan_ns_total = 0;
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual std::string_view name() const = 0;
+  virtual const BackendOptions& options() const = 0;
+
+  // ---- per batch ----
+  virtual Status init_forward_metadata(const ForwardBatch& batch) = 0;
+  // Prepares the chunked-prefix MHA path. `disable_ragged` is the parent's extra flag
+  // (accepted and ignored by backends that do not use it).
+  virtual Status init_mha_chunk_metadata(const ForwardBatch& batch, bool disable_ragged = false) = 0;
+  // The method layers use for the batch last planned.
+  virtual ForwardMethod forward_method() const = 0;
+  // The method for a batch, without planning (pure).
+  virtual ForwardMethod choose_forward_method(const ForwardBatch& batch) const = 0;
+
+  // ---- per layer ----
+  virtual Status forward_decode(const AttentionInputs& in, const AttentionOutputs& out,
+                                const ExecContext& ctx) = 0;
+  virtual Status forward_extend(const AttentionInputs& in, const AttentionOutputs& out,
+                                const ExecContext& ctx) = 0;
+
+  // ---- CUDA graphs (also exercised on the cpu: same static buffers, no allocation) ----
+  // Allocates every buffer a captured graph will point at.
+  virtual Status init_cuda_graph_state(int max_bs, int64_t max_num_tokens) = 0;
+  // Plans a padded batch of graph size into the static buffers.
+  virtual Status init_forward_metadata_capture_cuda_graph(const ForwardBatch& padded_batch) = 0;
+  // Refreshes the static buffers in place for a new batch padded to padded_bs (no allocation,
+  // no address change). Padded requests use seq_len = fill value, request row 0, dummy page.
+  virtual Status init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch,
+                                                         int padded_bs) = 0;
+  virtual int32_t cuda_graph_seq_len_fill_value() const { return 1; }
+
+  virtual const PlanningStats& planning_stats() const = 0;
+};
+
+// What a backend is built against.
+struct BackendContext {
+  LatentKvPool* pool = nullptr;  // outlives the backend
+  BackendOptions options;
+};
+
+using BackendFactory =
+    std::function<StatusOr<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
+
+class BackendRegistry {
+ public:
+  static BackendRegistry& global();  // paged_mla, chunked_mla, ondemand_mla
+  void add(std::string name, std::string description, BackendFactory factory);
+  std::vector<std::string> names() const;
+  std::string description(std::string_view name) const;
+  StatusOr<std::unique_ptr<AttentionBackend>> create(std::string_view name,
+                                                     const BackendContext& ctx) const;
+
+ private:
+  struct Entry {
+    std::string name, description;
+    BackendFactory factory;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace mla

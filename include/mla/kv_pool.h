@@ -1,0 +1,93 @@
+// The paged latent KV pool (SYSTEM.md section 2): one [num_slots, 576] buffer per layer, a
+// req_to_token table, and a page allocator. Slots 0..page_size-1 are the dummy page.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mla/batch.h"
+#include "mla/memory.h"
+#include "mla/status.h"
+#include "mla/tensor.h"
+
+namespace mla {
+
+bool is_supported_page_size(int page_size);  // 1, 16, 32, 64, 128
+
+// Hands out page ids 1..num_pages (page 0 is the dummy page). Pages are reference counted so a
+// shared prefix can be held by several requests. Running out is kOutOfMemory, never a crash.
+class PageAllocator {
+ public:
+  explicit PageAllocator(int64_t num_pages);
+  StatusOr<std::vector<int32_t>> alloc(int64_t count);  // all or nothing
+  Status retain(const std::vector<int32_t>& pages);     // +1 reference each
+  Status release(const std::vector<int32_t>& pages);    // -1; page is free again at 0
+  int64_t free_pages() const { return static_cast<int64_t>(free_list_.size()); }
+  int64_t num_pages() const { return num_pages_; }
+  int32_t ref_count(int32_t page) const;
+
+ private:
+  int64_t num_pages_;
+  std::vector<int32_t> free_list_;  // LIFO so freed pages are reused first
+  std::vector<int32_t> refs_;       // [num_pages + 1]
+};
+
+struct KvPoolConfig {
+  int num_layers = 1;
+  int64_t num_pages = 0;  // usable pages, the dummy page not counted
+  int page_size = 1;
+  int max_requests = 0;
+  int max_context_len = 0;
+  int latent_dim = 576;
+  DType dtype = DType::kBF16;  // kBF16 or kFP8E4M3 (per-layer k_scale)
+  Device device = Device::cpu();
+};
+
+class LatentKvPool {
+ public:
+  static StatusOr<std::unique_ptr<LatentKvPool>> create(const KvPoolConfig& config);
+
+  const KvPoolConfig& config() const { return config_; }
+  int64_t num_slots() const { return (config_.num_pages + 1) * config_.page_size; }
+  TensorView layer_cache(int layer) const;  // [num_slots, latent_dim] on the pool's device
+  float k_scale(int layer) const;           // fp8 only; 1.0 for bf16
+  void set_k_scale(int layer, float scale);
+
+  // req_to_token: int32 [max_requests + 1, max_context_len]; row 0 is the padding row.
+  TensorView req_to_token() const;                   // device copy, what kernels read
+  const std::vector<int32_t>& req_to_token_host() const { return req_to_token_host_; }
+  int32_t slot(int row, int token) const;            // host lookup
+
+  // Request rows.
+  StatusOr<int> alloc_request();   // a free row in 1..max_requests
+  Status free_request(int row);    // releases its pages and the row
+  int32_t request_len(int row) const;  // tokens with a slot
+  // Grows request `row` to `new_len` tokens, allocating pages as needed, updates req_to_token
+  // (host and device) and returns the slots of tokens [old_len, new_len) in *new_slots.
+  // All or nothing: on kOutOfMemory nothing changes.
+  Status extend_request(int row, int32_t new_len, std::vector<int32_t>* new_slots);
+  // Shrinks a request (e.g. rejected draft tokens); frees pages no longer used.
+  Status truncate_request(int row, int32_t new_len);
+  // Makes `dst` (empty) share the first `len` tokens of `src`; len must be a multiple of
+  // page_size (prefix cache hit). Pages are retained, not copied.
+  Status share_prefix(int src, int dst, int32_t len);
+
+  const PageAllocator& allocator() const { return allocator_; }
+  int64_t free_pages() const { return allocator_.free_pages(); }
+  BatchLimits batch_limits(int max_draft_tokens = 8) const;
+
+ private:
+  LatentKvPool(const KvPoolConfig& c);
+  KvPoolConfig config_;
+  PageAllocator allocator_;
+  std::vector<DeviceBuffer> layers_;
+  std::vector<float> k_scales_;
+  DeviceBuffer req_to_token_dev_;
+  std::vector<int32_t> req_to_token_host_;
+  std::vector<int32_t> request_lens_;   // [max_requests + 1], -1 = row free
+  std::vector<int32_t> free_rows_;
+  Status sync_row(int row, int32_t from, int32_t to);  // upload part of one row
+};
+
+}  // namespace mla

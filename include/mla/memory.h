@@ -1,0 +1,105 @@
+// Device memory: allocation through per-device runtimes, with every byte recorded in one ledger
+// (name, owner, device, bytes, zeroed) that tests, `mla info` and `mla run --json` read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mla/status.h"
+#include "mla/types.h"
+
+namespace mla {
+
+// What a device must provide. One implementation per device type (cpu always; cuda when built).
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual DeviceType type() const = 0;
+  virtual int device_count() const = 0;
+  virtual std::string describe(int index) const = 0;  // "NVIDIA H200, 132 SMs, 139 GiB"
+  virtual StatusOr<void*> malloc(int index, std::size_t bytes) = 0;
+  virtual void free(int index, void* p) = 0;
+  // All copies/memsets are ordered on `stream` (nullptr = the default stream); cpu runs inline.
+  virtual Status memset(void* dst, int value, std::size_t bytes, void* stream) = 0;
+  virtual Status copy_to_device(void* dst, const void* src_host, std::size_t bytes,
+                                void* stream) = 0;
+  virtual Status copy_to_host(void* dst_host, const void* src, std::size_t bytes,
+                              void* stream) = 0;
+  virtual Status copy_device(void* dst, const void* src, std::size_t bytes, void* stream) = 0;
+  virtual Status synchronize(void* stream) = 0;
+  virtual int multiprocessor_count(int index) const = 0;  // cpu: hardware threads
+};
+
+// nullptr when the device type is not built in or has no devices.
+DeviceRuntime* device_runtime(DeviceType type);
+// Registers a runtime (the cuda library does this from register_cuda_runtime()).
+void register_device_runtime(std::unique_ptr<DeviceRuntime> runtime);
+// Whether the device exists on this machine.
+bool device_available(Device device);
+
+struct AllocationRecord {
+  uint64_t id = 0;
+  std::string name;   // "paged_mla.workspace"
+  std::string owner;  // "paged_mla" or "shared:paged_mla" / "kv_pool" / "test"
+  Device device;
+  std::size_t bytes = 0;
+  bool zeroed = false;
+};
+
+// Process-wide ledger of live allocations.
+class MemoryLedger {
+ public:
+  static MemoryLedger& global();
+  uint64_t add(AllocationRecord rec);  // returns id
+  void remove(uint64_t id);
+  std::vector<AllocationRecord> snapshot() const;
+  std::size_t total_bytes(Device device) const;
+  // Bytes on `device` whose owner does not start with "kv_pool" (workspaces, plans, buffers).
+  std::size_t total_bytes_excluding_kv_pool(Device device) const;
+  // Counts every allocation ever made (for "allocates nothing during replay" tests).
+  uint64_t allocation_count() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<AllocationRecord> live_;
+  uint64_t next_id_ = 1;
+  uint64_t allocations_ = 0;
+};
+
+// Owning, move-only device allocation recorded in the ledger for its lifetime.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // zeroed: memset to 0 after allocation (synchronously).
+  static StatusOr<DeviceBuffer> allocate(Device device, std::size_t bytes, std::string name,
+                                         std::string owner, bool zeroed);
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  bool valid() const { return data_ != nullptr || bytes_ == 0; }
+  uint64_t ledger_id() const { return id_; }
+  void reset();
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Device device_;
+  uint64_t id_ = 0;
+};
+
+}  // namespace mla

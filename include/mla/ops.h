@@ -1,0 +1,234 @@
+// The ops: one abstract interface per op, one implementation per device, registered by name.
+// Backends compose ops; ops know nothing of backends.
+//
+// Plan/run split (attention ops): plan() is a pure host function over host data that writes a
+// self-contained plan (request rows, lengths, schedule) into caller-provided host bytes; the
+// caller uploads those bytes once into a device buffer sized by plan_bytes(capacity); run() reads
+// the plan from that device buffer, allocates nothing and never syncs, so it can be captured in a
+// CUDA graph and replayed after re-planning into the same buffer. The launch shape of run()
+// depends only on the capacity, never on the batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mla/status.h"
+#include "mla/tensor.h"
+#include "mla/types.h"
+
+namespace mla {
+
+struct ExecContext {
+  Device device = Device::cpu();
+  void* stream = nullptr;  // cudaStream_t on cuda; unused on cpu
+};
+
+// Slot of token i of pool row r, read straight from req_to_token (no token-level copy):
+//   page_size == 1: req_to_token[r, i]
+//   otherwise:      req_to_token[r, (i / P) * P] + i % P   (pages are P-aligned in slot space)
+inline int64_t slot_of_token(const int32_t* req_to_token, int64_t row_stride, int row, int64_t i,
+                             int page_size) {
+  if (page_size == 1) return req_to_token[row * row_stride + i];
+  const int64_t first = req_to_token[row * row_stride + (i / page_size) * page_size];
+  return first + i % page_size;
+}
+
+// Capacity that plan and workspace buffers are sized for, once (graphs, fixed workspaces).
+struct AttnCapacity {
+  int max_batch = 0;          // requests
+  int64_t max_q_tokens = 0;   // sum of q_len
+  int64_t max_kv_tokens = 0;  // MHA: sum of kv_len (ragged K/V rows); absorbed: unused
+  int max_q_len = 1;          // absorbed: longest q_len per request the plan must handle
+  int num_heads = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Absorbed (MQA) paged attention: q [T, H, 576] against the paged latent cache.
+// logits = sm_scale * (q[:, :, :512] . c_kv + q[:, :, 512:] . k_pe) (times k_scale for fp8),
+// o = softmax @ c_kv -> [T, H, 512], lse natural log, [T, H]. Causal is bottom-right aligned:
+// query j of a request with q_len q and kv_len k sees keys 0 .. k - q + j. kv_len 0 -> o = 0,
+// lse = -inf. Tokens of request b are rows qo_indptr[b] .. qo_indptr[b+1] of q.
+struct AbsorbedProblem {
+  int num_heads = 0;
+  int page_size = 1;
+  bool causal = true;
+  std::span<const int32_t> req_rows;  // [bs] pool row of each request in req_to_token
+  std::span<const int32_t> q_lens;    // [bs]
+  std::span<const int32_t> kv_lens;   // [bs] >= q_len when causal
+};
+
+struct AbsorbedArgs {
+  TensorView q;             // bf16 [T, H, 576]
+  TensorView kv_cache;      // bf16 | fp8e4m3 [num_slots, 576]
+  float k_scale = 1.0f;     // applied only when kv_cache is fp8
+  TensorView req_to_token;  // i32 [rows, max_context_len]
+  TensorView o;             // bf16 [T, H, 512]
+  TensorView lse;           // f32 [T, H]
+  float sm_scale = 0.f;
+  const void* plan = nullptr;  // device copy of plan() output
+  void* workspace = nullptr;   // workspace_bytes(capacity) bytes, contents need not be zero
+  std::size_t workspace_bytes = 0;
+};
+
+class AbsorbedAttentionOp {
+ public:
+  virtual ~AbsorbedAttentionOp() = default;
+  virtual Status supports(int num_heads, int page_size, DType cache_dtype) const = 0;
+  virtual std::size_t plan_bytes(const AttnCapacity& cap) const = 0;
+  virtual std::size_t workspace_bytes(const AttnCapacity& cap) const = 0;
+  // Pure host function; returns the bytes of host_plan used. Errors if the problem exceeds cap.
+  virtual StatusOr<std::size_t> plan(const AbsorbedProblem& problem, const AttnCapacity& cap,
+                                     std::span<std::byte> host_plan) const = 0;
+  virtual Status run(const AbsorbedArgs& args, const ExecContext& ctx) const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Ragged MHA attention, head dims 192 (q, k) and 128 (v). Request b: q rows qo_indptr[b]..,
+// k/v rows kv_indptr[b]... Causal bottom-right as above. kv_len 0 -> o = 0, lse = -inf.
+struct MhaProblem {
+  int num_heads = 0;
+  bool causal = true;
+  std::span<const int32_t> qo_indptr;  // [bs + 1]
+  std::span<const int32_t> kv_indptr;  // [bs + 1]
+};
+
+struct MhaArgs {
+  TensorView q;    // bf16 [Tq, H, 192]
+  TensorView k;    // bf16 [Tk, H, 192]
+  TensorView v;    // bf16 [Tk, H, 128]
+  TensorView o;    // bf16 [Tq, H, 128]
+  TensorView lse;  // f32 [Tq, H]
+  float sm_scale = 0.f;
+  const void* plan = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+class MhaAttentionOp {
+ public:
+  virtual ~MhaAttentionOp() = default;
+  virtual Status supports(int num_heads) const = 0;
+  virtual std::size_t plan_bytes(const AttnCapacity& cap) const = 0;
+  virtual std::size_t workspace_bytes(const AttnCapacity& cap) const = 0;
+  virtual StatusOr<std::size_t> plan(const MhaProblem& problem, const AttnCapacity& cap,
+                                     std::span<std::byte> host_plan) const = 0;
+  virtual Status run(const MhaArgs& args, const ExecContext& ctx) const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Merge of two partial states of the same rows (SYSTEM.md 1), in place into (o_acc, lse_acc):
+// m = max(la, lb); wa = exp(la - m); wb = exp(lb - m); o = (wa oa + wb ob) / (wa + wb);
+// lse = m + log(wa + wb); both -inf -> o = 0, lse = -inf.
+struct MergeArgs {
+  TensorView o_acc;    // bf16 [T, H, D] in/out
+  TensorView lse_acc;  // f32 [T, H] in/out
+  TensorView o_b;      // bf16 [T, H, D]
+  TensorView lse_b;    // f32 [T, H]
+};
+
+class MergeOp {
+ public:
+  virtual ~MergeOp() = default;
+  virtual Status run(const MergeArgs& args, const ExecContext& ctx) const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Latent KV write: kv_cache[out_cache_loc[t]] = [c_kv[t] | k_pe[t]] (fp8: value / k_scale).
+struct KvWriteArgs {
+  TensorView c_kv;           // bf16 [T, 512] (row stride may exceed 512)
+  TensorView k_pe;           // bf16 [T, 64]
+  TensorView out_cache_loc;  // i32 [T]
+  TensorView kv_cache;       // bf16 | fp8 [num_slots, 576]
+  float k_scale = 1.0f;
+};
+
+class KvWriteOp {
+ public:
+  virtual ~KvWriteOp() = default;
+  virtual Status run(const KvWriteArgs& args, const ExecContext& ctx) const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Gather latent rows by slot list and up-project through kv_b_proj:
+//   k[n, h] = [c_kv[slot_n] @ W_UK[h]^T | k_pe[slot_n]]   (192)
+//   v[n, h] =  c_kv[slot_n] @ W_UV[h]^T                   (128)
+// kv_b_proj is bf16 [H * 256, 512]: rows h*256 .. h*256+127 are W_UK[h], the next 128 W_UV[h].
+struct UpProjectArgs {
+  TensorView kv_cache;   // bf16 | fp8 [num_slots, 576]
+  float k_scale = 1.0f;
+  TensorView slots;      // i32 [N] on the op's device
+  TensorView kv_b_proj;  // bf16 [H * 256, 512]
+  TensorView k;          // bf16 [N, H, 192] out
+  TensorView v;          // bf16 [N, H, 128] out
+  void* workspace = nullptr;  // workspace_bytes(N, H) bytes of scratch
+  std::size_t workspace_bytes = 0;
+};
+
+class UpProjectOp {
+ public:
+  virtual ~UpProjectOp() = default;
+  virtual std::size_t workspace_bytes(int64_t max_tokens, int num_heads) const = 0;
+  virtual Status run(const UpProjectArgs& args, const ExecContext& ctx) const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Per-head GEMM (the absorbed projections): for every t, h:
+//   y[t, h, :] = x[t, h, :] @ W_h          (transpose_w = false; W_h is [K, N])
+//   y[t, h, :] = x[t, h, :] @ W_h^T        (transpose_w = true;  W_h is [N, K])
+// W_h starts at w + h * w_head_stride elements, rows of w_row_stride elements.
+// x and y may be strided views (e.g. y = the first 512 columns of q [T, H, 576]).
+// q_abs = head_gemm(q_nope, W_UK, transpose=false); o = head_gemm(o_latent, W_UV, true).
+struct HeadGemmArgs {
+  TensorView x;  // bf16 [T, H, K]
+  TensorView w;  // bf16 base of the weight
+  int64_t w_head_stride = 0;
+  int64_t w_row_stride = 0;
+  bool transpose_w = false;
+  TensorView y;  // bf16 [T, H, N]
+};
+
+class HeadGemmOp {
+ public:
+  virtual ~HeadGemmOp() = default;
+  virtual Status run(const HeadGemmArgs& args, const ExecContext& ctx) const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One implementation of every op for one device. Several sets may exist per device (e.g. a
+// first kernel and a faster one); the first registered for a device is its default.
+struct OpSet {
+  std::string name;  // "cpu", "cuda"
+  DeviceType device = DeviceType::kCpu;
+  std::shared_ptr<const AbsorbedAttentionOp> absorbed;
+  std::shared_ptr<const MhaAttentionOp> mha;
+  std::shared_ptr<const MergeOp> merge;
+  std::shared_ptr<const KvWriteOp> kv_write;
+  std::shared_ptr<const UpProjectOp> up_project;
+  std::shared_ptr<const HeadGemmOp> head_gemm;
+};
+
+class OpRegistry {
+ public:
+  // Holds the built-in sets (cpu always; cuda when built with MLA_WITH_CUDA).
+  static OpRegistry& global();
+  void add(OpSet set);
+  const OpSet* find(std::string_view name) const;
+  const OpSet* default_for(DeviceType device) const;
+  std::vector<const OpSet*> list() const;
+
+ private:
+  std::vector<std::unique_ptr<OpSet>> sets_;
+};
+
+// Registration hooks, called once by OpRegistry::global().
+void register_cpu_ops(OpRegistry& registry);
+#ifdef MLA_WITH_CUDA
+void register_cuda_ops(OpRegistry& registry);       // also registers the cuda DeviceRuntime
+#endif
+
+}  // namespace mla

@@ -1,0 +1,194 @@
+#include "mla/memory.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace mla {
+namespace {
+
+class CpuRuntime final : public DeviceRuntime {
+ public:
+  DeviceType type() const override { return DeviceType::kCpu; }
+  int device_count() const override { return 1; }
+  std::string describe(int) const override {
+    return fmt::format("cpu, {} hardware threads", multiprocessor_count(0));
+  }
+  StatusOr<void*> malloc(int, std::size_t bytes) override {
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    // 256-byte alignment, as on the GPU, so carving behaves the same on both.
+    const std::size_t rounded = (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded);
+    if (!p) {
+      return make_status(StatusCode::kOutOfMemory, "cpu: allocation of {} bytes failed", bytes);
+    }
+    return p;
+  }
+  void free(int, void* p) override { std::free(p); }
+  Status memset(void* dst, int value, std::size_t bytes, void*) override {
+    if (bytes) std::memset(dst, value, bytes);
+    return Status::Ok();
+  }
+  Status copy_to_device(void* dst, const void* src, std::size_t bytes, void*) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status copy_to_host(void* dst, const void* src, std::size_t bytes, void*) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status copy_device(void* dst, const void* src, std::size_t bytes, void*) override {
+    if (bytes) std::memmove(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status synchronize(void*) override { return Status::Ok(); }
+  int multiprocessor_count(int) const override {
+    return std::max(1u, std::thread::hardware_concurrency());
+  }
+};
+
+struct RuntimeTable {
+  std::mutex mu;
+  std::unique_ptr<DeviceRuntime> cpu = std::make_unique<CpuRuntime>();
+  std::unique_ptr<DeviceRuntime> cuda;
+};
+
+RuntimeTable& runtimes() {
+  static RuntimeTable t;
+  return t;
+}
+
+}  // namespace
+
+#ifdef MLA_WITH_CUDA
+// Defined in src/kernels/cuda: registers the cuda DeviceRuntime (idempotent).
+void ensure_cuda_runtime_registered();
+#endif
+
+DeviceRuntime* device_runtime(DeviceType type) {
+  if (type == DeviceType::kCpu) return runtimes().cpu.get();
+#ifdef MLA_WITH_CUDA
+  ensure_cuda_runtime_registered();
+#endif
+  std::lock_guard<std::mutex> lock(runtimes().mu);
+  return runtimes().cuda.get();
+}
+
+void register_device_runtime(std::unique_ptr<DeviceRuntime> runtime) {
+  std::lock_guard<std::mutex> lock(runtimes().mu);
+  if (runtime->type() == DeviceType::kCuda) runtimes().cuda = std::move(runtime);
+}
+
+bool device_available(Device device) {
+  DeviceRuntime* rt = device_runtime(device.type);
+  return rt != nullptr && device.index >= 0 && device.index < rt->device_count();
+}
+
+// ---------------------------------------------------------------------------------------------
+MemoryLedger& MemoryLedger::global() {
+  static MemoryLedger ledger;
+  return ledger;
+}
+
+uint64_t MemoryLedger::add(AllocationRecord rec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rec.id = next_id_++;
+  ++allocations_;
+  live_.push_back(std::move(rec));
+  return live_.back().id;
+}
+
+void MemoryLedger::remove(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(live_.begin(), live_.end(),
+                         [id](const AllocationRecord& r) { return r.id == id; });
+  if (it != live_.end()) live_.erase(it);
+}
+
+std::vector<AllocationRecord> MemoryLedger::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_;
+}
+
+std::size_t MemoryLedger::total_bytes(Device device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const auto& r : live_) if (r.device == device) n += r.bytes;
+  return n;
+}
+
+std::size_t MemoryLedger::total_bytes_excluding_kv_pool(Device device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const auto& r : live_) {
+    if (r.device == device && r.owner.rfind("kv_pool", 0) != 0) n += r.bytes;
+  }
+  return n;
+}
+
+uint64_t MemoryLedger::allocation_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocations_;
+}
+
+// ---------------------------------------------------------------------------------------------
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : data_(o.data_), bytes_(o.bytes_), device_(o.device_), id_(o.id_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+  o.id_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    device_ = o.device_;
+    id_ = o.id_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+    o.id_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (data_) {
+    if (DeviceRuntime* rt = device_runtime(device_.type)) rt->free(device_.index, data_);
+  }
+  if (id_) MemoryLedger::global().remove(id_);
+  data_ = nullptr;
+  bytes_ = 0;
+  id_ = 0;
+}
+
+StatusOr<DeviceBuffer> DeviceBuffer::allocate(Device device, std::size_t bytes, std::string name,
+                                              std::string owner, bool zeroed) {
+  DeviceRuntime* rt = device_runtime(device.type);
+  if (rt == nullptr || device.index < 0 || device.index >= rt->device_count()) {
+    return unsupported("allocation '{}' ({} bytes): device {} is not available", name, bytes,
+                       device.to_string());
+  }
+  auto p = rt->malloc(device.index, bytes);
+  if (!p.ok()) {
+    return make_status(p.status().code(), "allocation '{}' of {} bytes on {} failed: {}", name,
+                       bytes, device.to_string(), p.status().message());
+  }
+  DeviceBuffer buf;
+  buf.data_ = *p;
+  buf.bytes_ = bytes;
+  buf.device_ = device;
+  if (zeroed && bytes) {
+    MLA_RETURN_IF_ERROR(rt->memset(buf.data_, 0, bytes, nullptr));
+    MLA_RETURN_IF_ERROR(rt->synchronize(nullptr));
+  }
+  buf.id_ = MemoryLedger::global().add(
+      AllocationRecord{0, std::move(name), std::move(owner), device, bytes, zeroed});
+  return buf;
+}
+
+}  // namespace mla

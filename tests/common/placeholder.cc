@@ -1,0 +1,1 @@
+namespace mla::testing { int placeholder = 0; }
