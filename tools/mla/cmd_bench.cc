@@ -1,0 +1,12 @@
+// Placeholder until the subcommand lands.
+#include <cstdio>
+
+#include "commands.h"
+
+namespace mla::cli {
+CLI::App* add_bench_command(CLI::App& app, CommandRunner* runner) {
+  CLI::App* sub = app.add_subcommand("bench", "(not implemented yet)");
+  sub->callback([runner] { *runner = [] { std::fputs("mla bench: not implemented yet\n", stderr); return 2; }; });
+  return sub;
+}
+}  // namespace mla::cli
