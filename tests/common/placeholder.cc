@@ -1,1 +1,0 @@
-namespace mla::testing { int placeholder = 0; }
