@@ -1,0 +1,61 @@
+#include "kernels/cuda/head_gemm_cublas.h"
+
+#include <array>
+#include <memory>
+
+#include "kernels/cuda/common.h"
+#include "mla/memory.h"
+
+namespace mla::cuda {
+namespace {
+
+// 32 MiB: cuBLAS's recommended workspace on Hopper.
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
+constexpr int kMaxDevices = 16;
+
+struct HandleSlot {
+  std::mutex mu;
+  cublasHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+};
+
+std::array<HandleSlot, kMaxDevices>& slots() {
+  // Leaked on purpose: handles must outlive every static that might still run a GEMM at exit.
+  static auto* s = new std::array<HandleSlot, kMaxDevices>();
+  return *s;
+}
+
+}  // namespace
+
+Status cublas_status(cublasStatus_t st, std::string_view call, const char* file, int line) {
+  return make_status(StatusCode::kCudaError, "{} failed at {}:{}: {} ({})", call, file, line,
+                     cublasGetStatusString(st), static_cast<int>(st));
+}
+
+StatusOr<CublasLease> cublas_lease(Device device, cudaStream_t stream) {
+  MLA_CHECK_ARG(device.is_cuda() && device.index >= 0 && device.index < kMaxDevices,
+                "cublas: device {} is not a cuda device below index {}", device.to_string(),
+                kMaxDevices);
+  HandleSlot& slot = slots()[device.index];
+  std::unique_lock<std::mutex> lock(slot.mu);
+  if (slot.handle == nullptr) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MLA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+    MLA_CHECK_CODE(StatusCode::kCudaError, capture == cudaStreamCaptureStatusNone,
+                   "cublas: the handle of {} would be created during graph capture; run the op "
+                   "once before capturing",
+                   device.to_string());
+    MLA_ASSIGN_OR_RETURN(slot.workspace,
+                         DeviceBuffer::allocate(device, kCublasWorkspaceBytes,
+                                                "cuda.cublas_workspace", "cuda_ops", false));
+    cublasHandle_t handle = nullptr;
+    MLA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
+    slot.handle = handle;
+  }
+  MLA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(slot.handle, stream));
+  MLA_CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(slot.handle, slot.workspace.data(), slot.workspace.bytes()));
+  return CublasLease(std::move(lock), slot.handle);
+}
+
+}  // namespace mla::cuda
