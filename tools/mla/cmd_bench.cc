@@ -1,12 +1,331 @@
-// Placeholder until the subcommand lands.
+// `mla bench --device cuda [--json] [--quick] [--out FILE]`: GPU timings of the ops.
+// Decode (absorbed op) over the grid; prefill and extend rows come from cuda-prefill's
+// bench_prefill.{h,cc}. Timing follows docs PERF.md: CUDA events around every run, warm-up
+// first, median, q/o sets rotated, random normal/4 data (never zeros).
+// Every result is one JSON object (date, commit, gpu, op, backend, b, s_q, h_q, s_k, page_size,
+// varlen, us, tflops, gbps, ...); --json prints them one per line, --out appends them to a file.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "commands.h"
+#include "common/case_gen.h"
+#include "mla/memory.h"
+#include "mla/ops.h"
+
+#ifdef MLA_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/absorbed/fill.h"
+#endif
+
+#if __has_include("bench_prefill.h")
+#include "bench_prefill.h"
+#define MLA_HAVE_BENCH_PREFILL 1
+#endif
 
 namespace mla::cli {
+namespace {
+
+// Ceilings measured on the H200 (PERF.md): dense bf16 GEMM and device-to-device copy.
+constexpr double kPeakTflops = 686.0;
+constexpr double kPeakGbps = 4246.0;
+
+struct BenchOptions {
+  std::string device = "cuda";
+  bool json = false;
+  bool quick = false;
+  std::string out;
+  int iters = 20;
+  std::string ops = "decode,prefill,extend";
+};
+
+std::string utc_date() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string commit_id() {
+  const char* c = std::getenv("MLA_COMMIT");
+  return c ? c : "unknown";
+}
+
+class Emitter {
+ public:
+  explicit Emitter(const BenchOptions& o) : opt_(o) {
+    if (!o.out.empty()) file_.open(o.out, std::ios::app);
+    if (!opt_.json) {
+      std::printf("%-8s %-4s %3s %4s %6s %5s %5s %4s %10s %8s %8s %6s %s\n", "op", "b", "s_q",
+                  "h_q", "s_k", "page", "var", "", "us", "TFLOP/s", "GB/s", "frac", "bound");
+    }
+  }
+  bool file_ok() const { return opt_.out.empty() || file_.good(); }
+  void emit(const nlohmann::json& row) {
+    if (opt_.json) {
+      std::cout << row.dump() << "\n" << std::flush;
+    } else {
+      std::printf("%-8s %-4d %3d %4d %6d %5d %5s %4s %10.1f %8.1f %8.0f %6.3f %s\n",
+                  row.value("op", "").c_str(), row.value("b", 0), row.value("s_q", 0),
+                  row.value("h_q", 0), row.value("s_k", 0), row.value("page_size", 0),
+                  row.value("varlen", false) ? "yes" : "no", "", row.value("us", 0.0),
+                  row.value("tflops", 0.0), row.value("gbps", 0.0),
+                  row.value("ceiling_fraction", 0.0), row.value("bound", "").c_str());
+      std::fflush(stdout);
+    }
+    if (file_.is_open()) file_ << row.dump() << "\n" << std::flush;
+  }
+
+ private:
+  const BenchOptions& opt_;
+  std::ofstream file_;
+};
+
+#ifdef MLA_WITH_CUDA
+
+struct DecodeConfig {
+  int b, s_q, h_q, s_k, page;
+  bool varlen;
+};
+
+std::vector<DecodeConfig> decode_grid(bool quick) {
+  std::vector<DecodeConfig> g;
+  if (quick) {
+    for (int page : {64, 1}) {
+      g.push_back({128, 1, 128, 8192, page, false});
+      g.push_back({128, 1, 16, 8192, page, false});
+    }
+    g.push_back({128, 2, 64, 4096, 64, false});
+    g.push_back({128, 1, 128, 8192, 64, true});
+    return g;
+  }
+  for (int s_k : {4096, 8192, 16384})
+    for (int h_q : {16, 32, 64, 128})
+      for (int s_q : {1, 2})
+        for (int page : {1, 64}) g.push_back({128, s_q, h_q, s_k, page, false});
+  g.push_back({64, 1, 128, 4096, 64, false});
+  g.push_back({32, 1, 128, 32768, 64, false});
+  g.push_back({256, 1, 128, 2048, 64, false});
+  for (int s_k : {4096, 8192, 16384})
+    for (int h_q : {16, 32, 64, 128}) g.push_back({128, 1, h_q, s_k, 64, true});
+  return g;
+}
+
+#define BENCH_CUDA(call)                                                                \
+  do {                                                                                  \
+    const cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess) {                                                            \
+      return make_status(StatusCode::kCudaError, "{} failed: {}", #call, cudaGetErrorString(e_)); \
+    }                                                                                   \
+  } while (0)
+
+// Inputs shared by every decode config: one latent cache big enough for the largest batch.
+struct DecodeBench {
+  const AbsorbedAttentionOp* op = nullptr;
+  DeviceBuffer cache;
+  int64_t cache_slots = 0;
+  cudaStream_t stream = nullptr;
+};
+
+int64_t slots_needed(const DecodeConfig& c) {
+  const int64_t pages = int64_t{c.b} * ((c.s_k + c.page - 1) / c.page) + 4;
+  return (pages + 1) * c.page;
+}
+
+StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, int iters,
+                                      uint64_t seed) {
+  MLA_RETURN_IF_ERROR(db.op->supports(c.h_q, c.page, DType::kBF16));
+  testing::Rng rng(seed);
+  std::vector<int32_t> kv_lens(c.b, c.s_k), q_lens(c.b, c.s_q);
+  if (c.varlen) {
+    for (int32_t& k : kv_lens) k = static_cast<int32_t>(rng.uniform_int(c.s_k / 2, c.s_k));
+  }
+  const testing::PagedLayout layout = testing::make_paged_layout(kv_lens, c.page, true, rng);
+  if (layout.num_slots > db.cache_slots) {
+    return internal_error("decode bench: layout needs {} slots, cache has {}", layout.num_slots,
+                          db.cache_slots);
+  }
+  const int64_t tokens = int64_t{c.b} * c.s_q;
+  AttnCapacity cap{c.b, tokens, 0, c.s_q, c.h_q};
+  AbsorbedProblem prob{c.h_q, c.page, true, layout.req_rows, q_lens, kv_lens};
+  std::vector<std::byte> plan(db.op->plan_bytes(cap));
+  MLA_ASSIGN_OR_RETURN(std::size_t plan_used, db.op->plan(prob, cap, plan));
+  const Device dev = Device::cuda();
+  const auto alloc = [&](std::size_t bytes, const char* name) {
+    return DeviceBuffer::allocate(dev, std::max<std::size_t>(bytes, 256), name, "bench", false);
+  };
+  constexpr int kSets = 3;  // rotated q / o / lse sets
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer plan_d, alloc(plan.size(), "bench.plan"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer r2t, alloc(layout.req_to_token.size() * 4, "bench.r2t"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer ws, alloc(db.op->workspace_bytes(cap), "bench.workspace"));
+  std::vector<DeviceBuffer> q(kSets), o(kSets), lse(kSets);
+  for (int s = 0; s < kSets; ++s) {
+    MLA_ASSIGN_OR_RETURN(q[s], alloc(tokens * c.h_q * 576 * 2, "bench.q"));
+    MLA_ASSIGN_OR_RETURN(o[s], alloc(tokens * c.h_q * 512 * 2, "bench.o"));
+    MLA_ASSIGN_OR_RETURN(lse[s], alloc(tokens * c.h_q * 4, "bench.lse"));
+    BENCH_CUDA(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576, seed + 17 * s + 1, 0.25f,
+                                      db.stream));
+  }
+  BENCH_CUDA(cudaMemcpyAsync(plan_d.data(), plan.data(), plan_used, cudaMemcpyHostToDevice,
+                             db.stream));
+  BENCH_CUDA(cudaMemcpyAsync(r2t.data(), layout.req_to_token.data(),
+                             layout.req_to_token.size() * 4, cudaMemcpyHostToDevice, db.stream));
+  const auto args_for = [&](int s) {
+    AbsorbedArgs a;
+    a.q = TensorView(q[s].data(), DType::kBF16, dev, {tokens, c.h_q, 576});
+    a.kv_cache = TensorView(db.cache.data(), DType::kBF16, dev, {db.cache_slots, 576});
+    a.req_to_token = TensorView(r2t.data(), DType::kI32, dev,
+                                {layout.num_rows, layout.max_context_len});
+    a.o = TensorView(o[s].data(), DType::kBF16, dev, {tokens, c.h_q, 512});
+    a.lse = TensorView(lse[s].data(), DType::kF32, dev, {tokens, c.h_q});
+    a.sm_scale = 0.135234f;
+    a.plan = plan_d.data();
+    a.workspace = ws.data();
+    a.workspace_bytes = ws.bytes();
+    return a;
+  };
+  const ExecContext ctx{dev, db.stream};
+  for (int i = 0; i < 3; ++i) MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(ev[2 * i], db.stream));
+    MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
+    BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], db.stream));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(db.stream));
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  const double us = 1e3 * ms[iters / 2];
+
+  double sum_kv = 0;
+  for (int32_t k : kv_lens) sum_kv += k;
+  const double flops = 2.0 * c.s_q * sum_kv * c.h_q * (576 + 512);
+  const double bytes = sum_kv * 576 * 2 + double(tokens) * c.h_q * (576 + 512) * 2;
+  const double tflops = flops / (us * 1e-6) / 1e12;
+  const double gbps = bytes / (us * 1e-6) / 1e9;
+  const double t_compute = flops / (kPeakTflops * 1e12), t_memory = bytes / (kPeakGbps * 1e9);
+  nlohmann::json row = {{"op", "decode"},        {"backend", "cuda"},  {"b", c.b},
+                        {"s_q", c.s_q},          {"h_q", c.h_q},       {"s_k", c.s_k},
+                        {"page_size", c.page},   {"varlen", c.varlen}, {"us", us},
+                        {"tflops", tflops},      {"gbps", gbps},
+                        {"bound", t_compute >= t_memory ? "compute" : "memory"},
+                        {"ceiling_fraction", std::max(t_compute, t_memory) / (us * 1e-6)},
+                        {"us_min", 1e3 * ms.front()}, {"iters", iters}};
+  return row;
+}
+
+Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann::json& base) {
+  const OpSet* set = OpRegistry::global().find("cuda");
+  if (set == nullptr || !set->absorbed) return unsupported("no cuda absorbed op registered");
+  DecodeBench db;
+  db.op = set->absorbed.get();
+  const std::vector<DecodeConfig> grid = decode_grid(opt.quick);
+  for (const DecodeConfig& c : grid) db.cache_slots = std::max(db.cache_slots, slots_needed(c));
+  MLA_ASSIGN_OR_RETURN(db.cache, DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576 * 2,
+                                                        "bench.kv_cache", "kv_pool.bench", false));
+  BENCH_CUDA(cudaStreamCreateWithFlags(&db.stream, cudaStreamNonBlocking));
+  BENCH_CUDA(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576, 20261202, 0.25f,
+                                    db.stream));
+  int failures = 0;
+  uint64_t seed = 1;
+  for (const DecodeConfig& c : grid) {
+    auto row = bench_decode(db, c, opt.iters, seed++);
+    if (!row.ok()) {
+      std::fprintf(stderr, "decode b=%d s_q=%d h_q=%d s_k=%d page=%d: %s\n", c.b, c.s_q, c.h_q,
+                   c.s_k, c.page, row.status().to_string().c_str());
+      ++failures;
+      continue;
+    }
+    nlohmann::json r = base;
+    r.update(*row);
+    emit.emit(r);
+  }
+  cudaStreamDestroy(db.stream);
+  if (failures) return internal_error("{} decode configurations failed", failures);
+  return Status::Ok();
+}
+
+#endif  // MLA_WITH_CUDA
+
+int run_bench(const BenchOptions& opt) {
+  if (opt.device != "cuda") {
+    std::fprintf(stderr, "mla bench: only --device cuda is timed here (host planning benchmarks "
+                         "are the Google Benchmark executable in bench/)\n");
+    return 2;
+  }
+#ifndef MLA_WITH_CUDA
+  std::fprintf(stderr, "mla bench: built without CUDA (configure with -DMLA_CUDA=ON)\n");
+  return 2;
+#else
+  if (!device_available(Device::cuda())) {
+    std::fprintf(stderr, "mla bench: no CUDA device available\n");
+    return 2;
+  }
+  Emitter emit(opt);
+  if (!emit.file_ok()) {
+    std::fprintf(stderr, "mla bench: cannot open --out %s\n", opt.out.c_str());
+    return 2;
+  }
+  const nlohmann::json base = {{"date", utc_date()},
+                               {"commit", commit_id()},
+                               {"gpu", device_runtime(DeviceType::kCuda)->describe(0)}};
+  int rc = 0;
+  const auto wants = [&](const char* op) { return opt.ops.find(op) != std::string::npos; };
+  if (wants("decode")) {
+    const Status st = run_decode_benches(opt, emit, base);
+    if (!st.ok()) {
+      std::fprintf(stderr, "mla bench decode: %s\n", st.to_string().c_str());
+      rc = 1;
+    }
+  }
+#ifdef MLA_HAVE_BENCH_PREFILL
+  if (wants("prefill") || wants("extend")) {
+    const auto sink = [&](const nlohmann::json& row) {
+      nlohmann::json r = base;
+      r.update(row);
+      emit.emit(r);
+    };
+    const Status st = run_prefill_benches(wants("prefill"), wants("extend"), opt.quick, sink);
+    if (!st.ok()) {
+      std::fprintf(stderr, "mla bench prefill/extend: %s\n", st.to_string().c_str());
+      rc = 1;
+    }
+  }
+#else
+  if (wants("prefill") || wants("extend")) {
+    std::fprintf(stderr, "mla bench: prefill/extend benchmarks not built (bench_prefill.h)\n");
+  }
+#endif
+  return rc;
+#endif
+}
+
+}  // namespace
+
 CLI::App* add_bench_command(CLI::App& app, CommandRunner* runner) {
-  CLI::App* sub = app.add_subcommand("bench", "(not implemented yet)");
-  sub->callback([runner] { *runner = [] { std::fputs("mla bench: not implemented yet\n", stderr); return 2; }; });
+  auto opt = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand("bench", "Time the GPU ops (decode grid, prefill, extend)");
+  sub->add_option("--device", opt->device, "Device to time (cuda)")->capture_default_str();
+  sub->add_flag("--json", opt->json, "Print one JSON object per result instead of the table");
+  sub->add_flag("--quick", opt->quick, "A few anchor shapes only");
+  sub->add_option("--out", opt->out, "Append the JSON results to this file (JSON lines)");
+  sub->add_option("--iters", opt->iters, "Timed runs per shape (median reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  sub->add_option("--ops", opt->ops, "Which ops: decode,prefill,extend")->capture_default_str();
+  sub->callback([runner, opt] { *runner = [opt] { return run_bench(*opt); }; });
   return sub;
 }
+
 }  // namespace mla::cli

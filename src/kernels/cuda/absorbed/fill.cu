@@ -1,0 +1,44 @@
+#include "kernels/cuda/absorbed/fill.h"
+
+#include <cuda_bf16.h>
+
+namespace mla::cuda {
+namespace {
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Two normals per hash (Box-Muller).
+__global__ void fill_normal_bf16_kernel(__nv_bfloat16* dst, int64_t n, uint64_t seed,
+                                        float stddev) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * 2;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 2; i < n;
+       i += stride) {
+    const uint64_t h = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i)));
+    const float u1 = (static_cast<float>(h >> 40) + 1.0f) * (1.0f / 16777217.0f);  // (0, 1]
+    const float u2 = static_cast<float>((h >> 16) & 0xffffffull) * (1.0f / 16777216.0f);
+    const float r = sqrtf(-2.0f * logf(u1)) * stddev;
+    float s, c;
+    sincospif(2.0f * u2, &s, &c);
+    dst[i] = __float2bfloat16(r * c);
+    if (i + 1 < n) dst[i + 1] = __float2bfloat16(r * s);
+  }
+}
+
+}  // namespace
+
+cudaError_t fill_random_bf16(void* dst, int64_t n, uint64_t seed, float stddev,
+                             cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const int64_t pairs = (n + 1) / 2;
+  const int blocks = static_cast<int>(pairs / 256 + 1 < 4096 ? pairs / 256 + 1 : 4096);
+  fill_normal_bf16_kernel<<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), n, seed,
+                                                      stddev);
+  return cudaGetLastError();
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,14 @@
+// Device-side random fill for benchmark inputs (gigabytes of latent cache would take minutes to
+// draw on the host): normal(0, stddev) values from a counter-based hash, rounded to bf16.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mla::cuda {
+
+cudaError_t fill_random_bf16(void* dst, int64_t n, uint64_t seed, float stddev,
+                             cudaStream_t stream);
+
+}  // namespace mla::cuda

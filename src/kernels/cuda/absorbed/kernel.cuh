@@ -1,0 +1,430 @@
+// Absorbed paged MLA attention kernel, first version: mma.sync m16n8k16 (bf16 in, fp32 accumulate),
+// cp.async double-buffered key tiles gathered from the paged latent cache, online softmax in
+// registers. One persistent block of 8 warps per SM walks its list of work units.
+//
+// Warp layout for a tile of R = 16 * RG rows (RG = 1, 2, 4 row groups): warp w has row group
+// rg = w % RG and column slice dc = w / RG of DC = 8 / RG slices. For QK^T a warp computes its
+// 16 rows against keys [dc * 64 / DC, +64 / DC) of the tile; for PV it owns output columns
+// [dc * 512 / DC, +512 / DC) of its 16 rows (accumulators: 16 x 512 / DC fp32 per warp). Row
+// maxima and sums are exchanged through shared memory, probabilities through a bf16 P tile.
+//
+// Shared memory rows are 1152 bytes (72 chunks of 16 bytes); chunk c of row r lives at chunk
+// (c & ~7) | ((c ^ r) & 7), so ldmatrix reading 8 rows at one logical chunk hits 8 banks groups.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/traits.h"
+
+namespace mla::cuda::absorbed {
+
+struct Smem {
+  unsigned char* q;     // [64 rows][1152 B] swizzled
+  unsigned char* kv;    // [kStages][64 keys][1152 B] swizzled
+  unsigned char* p;     // [64 rows][128 B] swizzled bf16 probabilities
+  float* red;           // [128] row maxima / sums exchange
+  int32_t* slots;       // [kStages][64] cache slot of each key of a tile, -1 = past the end
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ int swizzle_chunk(int row, int chunk) {
+  return (chunk & ~7) | ((chunk ^ row) & 7);
+}
+__device__ __forceinline__ uint32_t row_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + swizzle_chunk(row, chunk) * 16);
+}
+__device__ __forceinline__ uint32_t p_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * (kBlockN * 2) + ((chunk ^ row) & 7) * 16);
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill the 16 bytes
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// c += a (16x16 bf16, row) * b (16x8 bf16, col)
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ int64_t key_slot(const AbsorbedParams& p, int pool_row, int64_t key,
+                                            int page_size) {
+  const int32_t* row = p.req_to_token + static_cast<int64_t>(pool_row) * p.req_to_token_stride;
+  if (page_size == 1) return row[key];
+  return static_cast<int64_t>(row[(key / page_size) * page_size]) + key % page_size;
+}
+
+// Slots of keys [tile_start, tile_start + 64) of the unit; -1 past kv_end.
+__device__ __forceinline__ void load_slots(const AbsorbedParams& p, const WorkUnit& u,
+                                           int tile_start, int page_size, int32_t* slots) {
+  const int t = threadIdx.x;
+  if (t < kBlockN) {
+    const int key = tile_start + t;
+    slots[t] = key < u.kv_end ? static_cast<int32_t>(key_slot(p, u.pool_row, key, page_size)) : -1;
+  }
+}
+
+// Query rows of the unit into shared memory (rows past num_rows are zero).
+__device__ __forceinline__ void load_q(const AbsorbedParams& p, const WorkUnit& u, int rows,
+                                       unsigned char* q_s) {
+  const uint32_t base = smem_addr(q_s);
+  for (int c = threadIdx.x; c < rows * kChunksPerRow; c += kThreads) {
+    const int r = c / kChunksPerRow, ch = c % kChunksPerRow;
+    const bool valid = r < u.num_rows;
+    const uint16_t* src =
+        valid ? p.q + (static_cast<int64_t>(u.q_row_begin) + r) * kDimQk + ch * 8 : p.q;
+    cp_async_16(base + row_offset(r, ch), src, valid);
+  }
+}
+
+// One key tile gathered by slot (keys past the end are zero).
+__device__ __forceinline__ void load_kv(const AbsorbedParams& p, const int32_t* slots,
+                                        unsigned char* kv_s) {
+  const uint32_t base = smem_addr(kv_s);
+#pragma unroll 2
+  for (int c = threadIdx.x; c < kBlockN * kChunksPerRow; c += kThreads) {
+    const int k = c / kChunksPerRow, ch = c % kChunksPerRow;
+    const int32_t slot = slots[k];
+    const uint16_t* src = slot >= 0 ? p.kv_cache + static_cast<int64_t>(slot) * kDimQk + ch * 8
+                                    : p.kv_cache;
+    cp_async_16(base + row_offset(k, ch), src, slot >= 0);
+  }
+}
+
+// S[16 rows, 8 * NT keys] = Q[rows] . K[keys]^T over 576 dims.
+template <int NT, int kChains>
+__device__ __forceinline__ void compute_qk(const unsigned char* q_s, const unsigned char* k_s,
+                                           int row0, int key0, float (&s)[NT][4]) {
+  const int lane = threadIdx.x & 31;
+  float acc[kChains][NT][4];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][n][i] = 0.f;
+  const uint32_t q_base = smem_addr(q_s), k_base = smem_addr(k_s);
+  const int a_row = row0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_half = lane >> 4;
+  const int b_key = key0 + (lane & 7);
+  const int b_quarter = lane >> 3;
+#pragma unroll 3
+  for (int kk = 0; kk < kDimQk / 32; ++kk) {  // 32 dims (two mma k-steps) per iteration
+    uint32_t a0[4], a1[4];
+    ldmatrix_x4(q_base + row_offset(a_row, kk * 4 + a_half), a0);
+    ldmatrix_x4(q_base + row_offset(a_row, kk * 4 + 2 + a_half), a1);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      uint32_t b[4];  // key rows n*8.., chunks kk*4 + 0..3
+      ldmatrix_x4(k_base + row_offset(b_key + n * 8, kk * 4 + b_quarter), b);
+      mma_bf16(acc[0][n], a0, b[0], b[1]);
+      mma_bf16(acc[kChains - 1][n], a1, b[2], b[3]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] = kChains == 2 ? acc[0][n][i] + acc[kChains - 1][n][i]
+                                                       : acc[0][n][i];
+}
+
+// O[16 rows, 8 * NO cols] += P[16 rows, 64 keys] . V[64 keys, cols].
+template <int NO>
+__device__ __forceinline__ void compute_pv(const unsigned char* p_s, const unsigned char* v_s,
+                                           int row0, int col0, float (&o)[NO][4]) {
+  const int lane = threadIdx.x & 31;
+  const uint32_t p_base = smem_addr(p_s), v_base = smem_addr(v_s);
+  const int a_row = row0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_half = lane >> 4;
+  const int b_key = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int b_chunk = col0 / 8 + (lane >> 4);
+#pragma unroll
+  for (int ks = 0; ks < kBlockN / 16; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(p_base + p_offset(a_row, ks * 2 + a_half), a);
+#pragma unroll
+    for (int n = 0; n < NO; n += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(v_base + row_offset(ks * 16 + b_key, b_chunk + n), b);
+      mma_bf16(o[n], a, b[0], b[1]);
+      mma_bf16(o[n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+template <int RG>
+__device__ void attention_variant(const AbsorbedParams& p, const PlanHeader& h, const Smem& sm) {
+  constexpr int kDc = kWarps / RG;            // column slices
+  constexpr int kRows = 16 * RG;              // rows per tile
+  constexpr int kNt = kBlockN / kDc / 8;      // key n-tiles per warp in QK^T (= RG)
+  constexpr int kNo = kDimV / kDc / 8;        // output n-tiles per warp (= 8 RG)
+  constexpr int kChains = RG == 1 ? 2 : 1;    // independent accumulators for short QK^T chains
+  static_assert(kNt >= 1 && kNo % 2 == 0 && kDc * kRows == kRedFloats);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rg = warp % RG, dc = warp / RG;
+  const int row0 = rg * 16;                   // warp's first row in the tile
+  const int key0 = dc * (kBlockN / kDc);      // warp's first key in a key tile (QK^T)
+  const int col0 = dc * (kDimV / kDc);        // warp's first output column (PV)
+  const int r_lo = row0 + (lane >> 2), r_hi = r_lo + 8;  // this thread's two rows
+
+  const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
+  const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
+  const int u_begin = cta_begin[blockIdx.x], u_end = cta_begin[blockIdx.x + 1];
+
+  for (int ui = u_begin; ui < u_end; ++ui) {
+    const WorkUnit u = units[ui];
+    const int n_tiles = (u.kv_end - u.kv_begin + kBlockN - 1) / kBlockN;
+    __syncthreads();  // the previous unit is done with every buffer
+    load_slots(p, u, u.kv_begin, h.page_size, sm.slots);
+    if (n_tiles > 1) {
+      if (threadIdx.x >= kBlockN && threadIdx.x < 2 * kBlockN) {
+        const int t = threadIdx.x - kBlockN, key = u.kv_begin + kBlockN + t;
+        sm.slots[kBlockN + t] =
+            key < u.kv_end ? static_cast<int32_t>(key_slot(p, u.pool_row, key, h.page_size)) : -1;
+      }
+    }
+    load_q(p, u, kRows, sm.q);
+    __syncthreads();
+    if (n_tiles > 0) load_kv(p, sm.slots, sm.kv);
+    cp_async_commit();
+
+    // Causal limit (exclusive) of this thread's two rows, clipped to the unit's key range.
+    int lim[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = i == 0 ? r_lo : r_hi;
+      const int query = (u.row_in_req + r) / h.num_heads;
+      const int causal_end = h.causal ? u.kv_len - u.q_len + query + 1 : u.kv_len;
+      lim[i] = min(causal_end, u.kv_end);
+    }
+
+    float o[kNo][4];
+#pragma unroll
+    for (int n = 0; n < kNo; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};
+    float l[2] = {0.f, 0.f};
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const int stage = t % kStages;
+      const int tile_start = u.kv_begin + t * kBlockN;
+      cp_async_wait_all();
+      __syncthreads();  // tile t visible to all; every warp is done with tile t - 1
+      if (t + 1 < n_tiles) load_kv(p, sm.slots + ((t + 1) % kStages) * kBlockN,
+                                   sm.kv + ((t + 1) % kStages) * kTileBytes);
+      cp_async_commit();
+      if (t + 2 < n_tiles) load_slots(p, u, tile_start + 2 * kBlockN, h.page_size,
+                                      sm.slots + stage * kBlockN);
+      const unsigned char* kv_s = sm.kv + stage * kTileBytes;
+
+      // compute_qk
+      float s[kNt][4];
+      compute_qk<kNt, kChains>(sm.q, kv_s, row0, key0, s);
+
+      // online_softmax: scale, mask, row maxima across the DC warps of a row group
+      float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kNt; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = tile_start + key0 + n * 8 + (lane & 3) * 2 + (i & 1);
+          const int half = i >> 1;
+          float v = s[n][i] * p.scale_log2;
+          if (key >= lim[half]) v = -INFINITY;
+          s[n][i] = v;
+          tmax[half] = fmaxf(tmax[half], v);
+        }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+        tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+      }
+      if constexpr (kDc > 1) {
+        if ((lane & 3) == 0) {
+          sm.red[dc * kRows + r_lo] = tmax[0];
+          sm.red[dc * kRows + r_hi] = tmax[1];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int d = 0; d < kDc; ++d) {
+          tmax[0] = fmaxf(tmax[0], sm.red[d * kRows + r_lo]);
+          tmax[1] = fmaxf(tmax[1], sm.red[d * kRows + r_hi]);
+        }
+      }
+      float alpha[2], m_use[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float m_new = fmaxf(m[i], tmax[i]);
+        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
+        m[i] = m_new;
+        l[i] *= alpha[i];
+      }
+      // probabilities -> bf16 P tile
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+        const float p0 = exp2f(s[n][0] - m_use[0]), p1 = exp2f(s[n][1] - m_use[0]);
+        const float p2 = exp2f(s[n][2] - m_use[1]), p3 = exp2f(s[n][3] - m_use[1]);
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        const int key = key0 + n * 8 + (lane & 3) * 2;  // within the tile
+        const int chunk = key / 8, byte = (key % 8) * 2;
+        *reinterpret_cast<uint32_t*>(sm.p + p_offset(r_lo, chunk) + byte) = pack_bf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(sm.p + p_offset(r_hi, chunk) + byte) = pack_bf16(p2, p3);
+      }
+#pragma unroll
+      for (int n = 0; n < kNo; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+      __syncthreads();  // P complete
+      compute_pv<kNo>(sm.p, kv_s, row0, col0, o);
+    }
+
+    cp_async_wait_all();  // nothing may stay in flight into buffers the next unit reuses
+    // write_o: total row sums across the quad and the DC warps, then normalise.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    __syncthreads();  // every warp is past its last read of sm.red / sm.p
+    if constexpr (kDc > 1) {
+      if ((lane & 3) == 0) {
+        sm.red[dc * kRows + r_lo] = l[0];
+        sm.red[dc * kRows + r_hi] = l[1];
+      }
+      __syncthreads();
+      l[0] = l[1] = 0.f;
+#pragma unroll
+      for (int d = 0; d < kDc; ++d) {
+        l[0] += sm.red[d * kRows + r_lo];
+        l[1] += sm.red[d * kRows + r_hi];
+      }
+    }
+    const float ln2 = 0.69314718055994530942f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = i == 0 ? r_lo : r_hi;
+      if (r >= u.num_rows) continue;
+      const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+      const float lse = l[i] > 0.f ? (m[i] + log2f(l[i])) * ln2 : -INFINITY;
+      const int64_t row = static_cast<int64_t>(u.q_row_begin) + r;
+      if (u.partial < 0) {
+        uint16_t* dst = p.o + row * kDimV + col0 + (lane & 3) * 2;
+#pragma unroll
+        for (int n = 0; n < kNo; ++n) {
+          *reinterpret_cast<uint32_t*>(dst + n * 8) =
+              pack_bf16(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+        }
+        if (dc == 0 && (lane & 3) == 0) p.lse[row] = lse;
+      } else {
+        const int64_t prow = static_cast<int64_t>(u.partial) * kMaxRows + r;
+        float* dst = p.partial_o + prow * kDimV + col0 + (lane & 3) * 2;
+#pragma unroll
+        for (int n = 0; n < kNo; ++n) {
+          *reinterpret_cast<float2*>(dst + n * 8) =
+              make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+        }
+        if (dc == 0 && (lane & 3) == 0) p.partial_lse[prow] = lse;
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) absorbed_attention_kernel(AbsorbedParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
+  if (static_cast<int>(blockIdx.x) >= h.num_ctas) return;
+  Smem sm;
+  sm.q = smem_raw;
+  sm.kv = sm.q + kQBytes;
+  sm.p = sm.kv + kStages * kTileBytes;
+  sm.red = reinterpret_cast<float*>(sm.p + kPBytes);
+  sm.slots = reinterpret_cast<int32_t*>(sm.red + kRedFloats);
+  switch (h.rows_per_tile) {
+    case 16: attention_variant<1>(p, h, sm); break;
+    case 32: attention_variant<2>(p, h, sm); break;
+    default: attention_variant<4>(p, h, sm); break;
+  }
+}
+
+// Merges the partial results of split tiles: one block per split tile, one warp per row.
+__global__ void __launch_bounds__(256) absorbed_combine_kernel(AbsorbedParams p) {
+  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
+  const CombineUnit* combines = reinterpret_cast<const CombineUnit*>(p.plan + h.combines_offset);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int ci = blockIdx.x; ci < h.num_combines; ci += gridDim.x) {
+    const CombineUnit c = combines[ci];
+    for (int r = warp; r < c.num_rows; r += 8) {
+      float mx = -INFINITY;
+      for (int j = 0; j < c.num_partials; ++j) {
+        mx = fmaxf(mx, p.partial_lse[static_cast<int64_t>(c.first_partial + j) * kMaxRows + r]);
+      }
+      float acc[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+      float wsum = 0.f;
+      if (mx != -INFINITY) {
+        for (int j = 0; j < c.num_partials; ++j) {
+          const int64_t prow = static_cast<int64_t>(c.first_partial + j) * kMaxRows + r;
+          const float w = __expf(p.partial_lse[prow] - mx);
+          wsum += w;
+          const float4* src = reinterpret_cast<const float4*>(p.partial_o + prow * kDimV);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {  // columns (i * 32 + lane) * 4 .. + 3
+            const float4 v = src[i * 32 + lane];
+            acc[i * 4 + 0] += w * v.x;
+            acc[i * 4 + 1] += w * v.y;
+            acc[i * 4 + 2] += w * v.z;
+            acc[i * 4 + 3] += w * v.w;
+          }
+        }
+      }
+      const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+      const int64_t row = static_cast<int64_t>(c.q_row_begin) + r;
+      uint16_t* dst = p.o + row * kDimV;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint2 v;
+        v.x = pack_bf16(acc[i * 4 + 0] * inv, acc[i * 4 + 1] * inv);
+        v.y = pack_bf16(acc[i * 4 + 2] * inv, acc[i * 4 + 3] * inv);
+        *reinterpret_cast<uint2*>(dst + (i * 32 + lane) * 4) = v;
+      }
+      if (lane == 0) p.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace mla::cuda::absorbed

@@ -1,0 +1,28 @@
+#include "kernels/cuda/absorbed/launcher.h"
+
+#include <mutex>
+
+#include "kernels/cuda/absorbed/kernel.cuh"
+
+namespace mla::cuda::absorbed {
+
+LaunchResult launch_absorbed(const AbsorbedParams& params, int num_ctas, cudaStream_t stream) {
+  static std::once_flag once;
+  static cudaError_t attr_err = cudaSuccess;
+  std::call_once(once, [] {
+    attr_err = cudaFuncSetAttribute(absorbed_attention_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  });
+  if (attr_err != cudaSuccess) return {attr_err, "cudaFuncSetAttribute(absorbed_attention_kernel)"};
+  absorbed_attention_kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(params);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    return {e, "launch of absorbed_attention_kernel"};
+  }
+  absorbed_combine_kernel<<<num_ctas, 256, 0, stream>>>(params);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    return {e, "launch of absorbed_combine_kernel"};
+  }
+  return {};
+}
+
+}  // namespace mla::cuda::absorbed

@@ -1,0 +1,108 @@
+#include "kernels/cuda/absorbed/op.h"
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/absorbed/launcher.h"
+#include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/plan.h"
+#include "kernels/cuda/absorbed/traits.h"
+#include "kernels/cuda/common.h"
+#include "mla/kv_pool.h"
+#include "mla/model.h"
+
+namespace mla::cuda {
+namespace {
+
+// Without a device (host-only planning tests) plans are made for an H200's 132 SMs.
+constexpr int kDefaultCtas = 132;
+
+int grid_ctas() {
+  const int n = sm_count(current_device());
+  return n > 0 ? n : kDefaultCtas;
+}
+
+class CudaAbsorbedOp final : public AbsorbedAttentionOp {
+ public:
+  Status supports(int num_heads, int page_size, DType cache_dtype) const override {
+    if (!is_supported_head_count(num_heads)) {
+      return unsupported("cuda absorbed: num_heads = {} (supported: 16, 32, 64, 128)", num_heads);
+    }
+    if (!is_supported_page_size(page_size)) {
+      return unsupported("cuda absorbed: page_size = {} (supported: 1, 16, 32, 64, 128)",
+                         page_size);
+    }
+    if (cache_dtype != DType::kBF16) {
+      return unsupported("cuda absorbed: {} latent cache not implemented yet (bf16 only)",
+                         dtype_name(cache_dtype));
+    }
+    return Status::Ok();
+  }
+
+  std::size_t plan_bytes(const AttnCapacity& cap) const override {
+    return absorbed::plan_layout(cap, grid_ctas()).bytes;
+  }
+
+  std::size_t workspace_bytes(const AttnCapacity&) const override {
+    return absorbed::partial_workspace_bytes(grid_ctas());
+  }
+
+  StatusOr<std::size_t> plan(const AbsorbedProblem& problem, const AttnCapacity& cap,
+                             std::span<std::byte> host_plan) const override {
+    MLA_RETURN_IF_ERROR(supports(problem.num_heads, problem.page_size, DType::kBF16));
+    return absorbed::build_plan(problem, cap, grid_ctas(), host_plan);
+  }
+
+  Status run(const AbsorbedArgs& a, const ExecContext& ctx) const override {
+    MLA_CHECK_ARG(ctx.device.is_cuda(), "cuda absorbed: exec device is {}", ctx.device.to_string());
+    const Device dev = ctx.device;
+    if (a.kv_cache.dtype != DType::kBF16) {
+      return unsupported("cuda absorbed: {} latent cache not implemented yet (bf16 only)",
+                         dtype_name(a.kv_cache.dtype));
+    }
+    MLA_CHECK_ARG(a.q.ndim == 3, "q: expected [T, H, 576], got {}", a.q.describe());
+    const int64_t tokens = a.q.shape[0], heads = a.q.shape[1];
+    MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, 576}, dev));
+    MLA_CHECK_ARG(is_supported_head_count(static_cast<int>(heads)),
+                  "q: num_heads = {} (supported: 16, 32, 64, 128)", heads);
+    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", DType::kBF16, {-1, 576}, dev));
+    MLA_RETURN_IF_ERROR(
+        expect_tensor(a.req_to_token, "req_to_token", DType::kI32, {-1, -1}, dev, false));
+    MLA_CHECK_ARG(a.req_to_token.stride[1] == 1, "req_to_token: column stride {} must be 1",
+                  a.req_to_token.stride[1]);
+    MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {tokens, heads, 512}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(a.lse, "lse", DType::kF32, {tokens, heads}, dev));
+    MLA_CHECK_ARG(a.plan != nullptr, "plan: null (upload plan() output first)");
+    const int ctas = grid_ctas();
+    const std::size_t need = absorbed::partial_workspace_bytes(ctas);
+    if (a.workspace_bytes < need || a.workspace == nullptr) {
+      return make_status(StatusCode::kOutOfWorkspace,
+                         "cuda absorbed: workspace of {} bytes, needs {}", a.workspace_bytes, need);
+    }
+    absorbed::AbsorbedParams p{};
+    p.q = a.q.ptr<const uint16_t>();
+    p.kv_cache = a.kv_cache.ptr<const uint16_t>();
+    p.req_to_token = a.req_to_token.ptr<const int32_t>();
+    p.req_to_token_stride = a.req_to_token.stride[0];
+    p.o = a.o.ptr<uint16_t>();
+    p.lse = a.lse.ptr<float>();
+    const std::size_t n_partials = static_cast<std::size_t>(absorbed::max_partials(ctas));
+    p.partial_o = static_cast<float*>(a.workspace);
+    const std::size_t o_bytes = n_partials * absorbed::kMaxRows * absorbed::kDimV * sizeof(float);
+    p.partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) +
+                                             (o_bytes + 255) / 256 * 256);
+    p.plan = static_cast<const unsigned char*>(a.plan);
+    p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+    const auto stream = static_cast<cudaStream_t>(ctx.stream);
+    const absorbed::LaunchResult r = absorbed::launch_absorbed(p, ctas, stream);
+    if (r.error != cudaSuccess) return cuda_status(r.error, r.what, __FILE__, __LINE__);
+    return check_launch("absorbed attention + combine", stream, __FILE__, __LINE__);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const AbsorbedAttentionOp> make_cuda_absorbed_op() {
+  return std::make_shared<CudaAbsorbedOp>();
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,67 @@
+// Absorbed paged MLA attention on CUDA: the plan layout (host-written, uploaded once, read by the
+// kernels) and the kernel parameters. Plain structs shared by host and device code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mla::cuda::absorbed {
+
+// Plan bytes: PlanHeader | cta_unit_begin int32[num_ctas + 1] | WorkUnit[max_units] |
+// CombineUnit[max_combines]. Offsets are in the header so the kernels need nothing else.
+struct PlanHeader {
+  int32_t num_ctas;         // grid of the attention kernel (fixed by the capacity)
+  int32_t rows_per_tile;    // 16, 32 or 64: rows (token x head) of one tensor-core tile
+  int32_t num_units;        // work units written
+  int32_t num_combines;     // split tiles to merge
+  int32_t num_heads;        // H
+  int32_t page_size;        // P
+  int32_t causal;           // 1: bottom-right causal mask
+  int32_t num_partials;     // partial slots used
+  int32_t cta_begin_offset;  // byte offset of cta_unit_begin
+  int32_t units_offset;      // byte offset of the WorkUnit array
+  int32_t combines_offset;   // byte offset of the CombineUnit array
+  int32_t reserved;
+};
+static_assert(sizeof(PlanHeader) == 48);
+
+// One piece of work: a tile of rows of one request against a key range.
+struct WorkUnit {
+  int32_t pool_row;     // row of req_to_token
+  int32_t q_row_begin;  // first flat row (token * H + head) of q / o / lse
+  int32_t num_rows;     // valid rows of the tile (<= rows_per_tile)
+  int32_t row_in_req;   // index of the tile's first row inside its request (query = row / H)
+  int32_t q_len;        // query tokens of the request
+  int32_t kv_len;       // keys of the request
+  int32_t kv_begin;     // first key of this unit (multiple of the key tile)
+  int32_t kv_end;       // one past the last key of this unit (half-open)
+  int32_t partial;      // -1: write o / lse directly; else the partial slot to write
+  int32_t reserved[3];
+};
+static_assert(sizeof(WorkUnit) == 48);
+
+// A tile split across several units: merge partial slots [first, first + count) into o / lse.
+struct CombineUnit {
+  int32_t q_row_begin;  // first flat row of q / o / lse
+  int32_t num_rows;     // valid rows
+  int32_t first_partial;
+  int32_t num_partials;
+};
+static_assert(sizeof(CombineUnit) == 16);
+
+// Kernel arguments (by value). bf16 pointers are typed as uint16_t storage here so this header
+// needs no CUDA types.
+struct AbsorbedParams {
+  const uint16_t* q;             // bf16 [T, H, 576] contiguous
+  const uint16_t* kv_cache;      // bf16 [num_slots, 576]
+  const int32_t* req_to_token;   // i32 [rows, req_to_token_stride]
+  int64_t req_to_token_stride;   // elements between rows of req_to_token
+  uint16_t* o;                   // bf16 [T, H, 512]
+  float* lse;                    // f32 [T, H]
+  float* partial_o;              // f32 [max_partials, 64, 512] (workspace)
+  float* partial_lse;            // f32 [max_partials, 64] (workspace)
+  const unsigned char* plan;     // device copy of the plan bytes
+  float scale_log2;              // sm_scale * log2(e): logits in base-2 units
+};
+
+}  // namespace mla::cuda::absorbed

@@ -1,0 +1,217 @@
+#include "kernels/cuda/absorbed/plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/traits.h"
+#include "mla/kv_pool.h"
+#include "mla/model.h"
+
+namespace mla::cuda::absorbed {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Cost model in key-tile units: a unit also loads its query tile and writes its output, about
+// the traffic of one key tile (64 rows x 576 bf16 either way), hence kUnitCost = 1.
+constexpr int64_t kUnitCost = 1;
+// Never cut a piece shorter than 2 key tiles (128 keys): a split costs a partial write and a
+// combine read of 64 x 512 fp32, the traffic of about two key tiles.
+constexpr int64_t kMinPieceTiles = 2;
+
+struct Tile {
+  int32_t request;
+  int32_t q_row_begin;
+  int32_t num_rows;
+  int32_t row_in_req;
+  int32_t kv_extent;  // keys the tile's last row sees
+  int64_t tiles;      // key tiles
+};
+
+struct Piece {
+  int64_t begin_tile, end_tile;
+  int cta;
+};
+
+}  // namespace
+
+PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
+  PlanLayout l;
+  l.num_ctas = num_ctas;
+  const int64_t heads = std::max(cap.num_heads, 1);
+  const int64_t min_rows = std::min<int64_t>(kMaxRows, std::max<int64_t>(16, heads));
+  const int64_t max_tiles = (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) /
+                                min_rows + std::max(cap.max_batch, 0);
+  l.max_units = max_tiles + num_ctas;
+  l.max_combines = num_ctas;
+  l.cta_begin_offset = align_up(sizeof(PlanHeader));
+  l.units_offset = l.cta_begin_offset + align_up(sizeof(int32_t) * (num_ctas + 1));
+  l.combines_offset = l.units_offset + align_up(sizeof(WorkUnit) * l.max_units);
+  l.bytes = l.combines_offset + align_up(sizeof(CombineUnit) * l.max_combines);
+  return l;
+}
+
+int64_t max_partials(int num_ctas) { return int64_t{kPartialsPerCta} * num_ctas; }
+
+std::size_t partial_workspace_bytes(int num_ctas) {
+  const std::size_t n = static_cast<std::size_t>(max_partials(num_ctas));
+  return align_up(n * kMaxRows * kDimV * sizeof(float)) + align_up(n * kMaxRows * sizeof(float));
+}
+
+int rows_per_tile(int num_heads, int max_q_len) {
+  const int64_t rows = int64_t{num_heads} * std::max(max_q_len, 1);
+  if (rows <= 16) return 16;
+  if (rows <= 32) return 32;
+  return kMaxRows;
+}
+
+StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& cap, int num_ctas,
+                                 std::span<std::byte> host_plan) {
+  const int bs = static_cast<int>(p.req_rows.size());
+  MLA_CHECK_ARG(num_ctas > 0, "num_ctas = {} must be positive", num_ctas);
+  MLA_CHECK_ARG(is_supported_head_count(p.num_heads), "num_heads = {} (supported: 16, 32, 64, 128)",
+                p.num_heads);
+  MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
+                "num_heads = {} differs from the capacity's num_heads = {}", p.num_heads,
+                cap.num_heads);
+  MLA_CHECK_ARG(is_supported_page_size(p.page_size), "page_size = {} (supported: 1, 16, 32, 64, 128)",
+                p.page_size);
+  MLA_CHECK_ARG(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
+                "req_rows / q_lens / kv_lens sizes differ: {} / {} / {}", p.req_rows.size(),
+                p.q_lens.size(), p.kv_lens.size());
+  MLA_CHECK_ARG(bs <= cap.max_batch, "batch size {} exceeds capacity max_batch = {}", bs,
+                cap.max_batch);
+  const PlanLayout layout = plan_layout(cap, num_ctas);
+  MLA_CHECK_ARG(host_plan.size() >= layout.bytes, "host_plan holds {} bytes, the plan needs {}",
+                host_plan.size(), layout.bytes);
+
+  int64_t q_tokens = 0;
+  int max_q_len = 1;
+  for (int b = 0; b < bs; ++b) {
+    const int32_t ql = p.q_lens[b], kl = p.kv_lens[b];
+    MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
+                  kl);
+    MLA_CHECK_ARG(!p.causal || kl == 0 || kl >= ql,
+                  "causal: kv_lens[{}] = {} is below q_lens[{}] = {}", b, kl, b, ql);
+    MLA_CHECK_ARG(p.req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, p.req_rows[b]);
+    q_tokens += ql;
+    max_q_len = std::max(max_q_len, static_cast<int>(ql));
+  }
+  MLA_CHECK_ARG(q_tokens <= cap.max_q_tokens, "sum(q_lens) = {} exceeds capacity max_q_tokens = {}",
+                q_tokens, cap.max_q_tokens);
+
+  const int heads = p.num_heads;
+  const int rows_tile = rows_per_tile(heads, max_q_len);
+
+  // Row tiles: consecutive flat rows (token * H + head) of one request.
+  std::vector<Tile> tiles;
+  int64_t q_row = 0;
+  int64_t total_cost = 0;
+  for (int b = 0; b < bs; ++b) {
+    const int64_t rows = int64_t{p.q_lens[b]} * heads;
+    for (int64_t r = 0; r < rows; r += rows_tile) {
+      Tile t;
+      t.request = b;
+      t.q_row_begin = static_cast<int32_t>(q_row + r);
+      t.num_rows = static_cast<int32_t>(std::min<int64_t>(rows_tile, rows - r));
+      t.row_in_req = static_cast<int32_t>(r);
+      const int32_t last_query = (t.row_in_req + t.num_rows - 1) / heads;
+      const int32_t kl = p.kv_lens[b];
+      t.kv_extent = p.causal && kl > 0 ? kl - p.q_lens[b] + last_query + 1 : kl;
+      t.tiles = (t.kv_extent + kBlockN - 1) / kBlockN;
+      total_cost += t.tiles + kUnitCost;
+      tiles.push_back(t);
+    }
+    q_row += rows;
+  }
+
+  // Contiguous cutting of the flattened (tile, key tile) list into num_ctas equal shares.
+  const int64_t target = std::max<int64_t>((total_cost + num_ctas - 1) / num_ctas,
+                                           kMinPieceTiles + kUnitCost);
+  std::vector<WorkUnit> units;
+  std::vector<CombineUnit> combines;
+  std::vector<int32_t> cta_begin(num_ctas + 1, 0);
+  int cta = 0;
+  int64_t room = target;
+  int32_t next_partial = 0;
+  std::vector<Piece> pieces;
+  const auto next_cta = [&] {
+    ++cta;
+    cta_begin[cta] = static_cast<int32_t>(units.size());
+    room = target;
+  };
+  for (const Tile& t : tiles) {
+    pieces.clear();
+    int64_t begin = 0;
+    while (true) {
+      const int64_t left = t.tiles - begin;
+      // Slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind.
+      if (cta == num_ctas - 1 || left + kUnitCost <= room + kMinPieceTiles) {
+        pieces.push_back({begin, t.tiles, cta});
+        room -= left + kUnitCost;
+        break;
+      }
+      const int64_t take = room - kUnitCost;
+      if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+        pieces.push_back({begin, begin + take, cta});
+        begin += take;
+      }
+      next_cta();
+    }
+    const bool split = pieces.size() > 1;
+    if (split) {
+      combines.push_back({t.q_row_begin, t.num_rows, next_partial,
+                          static_cast<int32_t>(pieces.size())});
+    }
+    for (const Piece& pc : pieces) {
+      WorkUnit u{};
+      u.pool_row = p.req_rows[t.request];
+      u.q_row_begin = t.q_row_begin;
+      u.num_rows = t.num_rows;
+      u.row_in_req = t.row_in_req;
+      u.q_len = p.q_lens[t.request];
+      u.kv_len = p.kv_lens[t.request];
+      u.kv_begin = static_cast<int32_t>(pc.begin_tile * kBlockN);
+      u.kv_end = static_cast<int32_t>(std::min<int64_t>(pc.end_tile * kBlockN, t.kv_extent));
+      u.partial = split ? next_partial++ : -1;
+      units.push_back(u);
+    }
+    if (room <= 0 && cta < num_ctas - 1) next_cta();
+  }
+  while (cta < num_ctas) next_cta();  // fills cta_begin[cta + 1 ..] with the end
+
+  if (static_cast<int64_t>(units.size()) > layout.max_units ||
+      static_cast<int64_t>(combines.size()) > layout.max_combines ||
+      next_partial > max_partials(num_ctas)) {
+    return internal_error("absorbed plan overflow: {} units (max {}), {} combines (max {}), {} "
+                          "partials (max {})", units.size(), layout.max_units, combines.size(),
+                          layout.max_combines, next_partial, max_partials(num_ctas));
+  }
+
+  PlanHeader h{};
+  h.num_ctas = num_ctas;
+  h.rows_per_tile = rows_tile;
+  h.num_units = static_cast<int32_t>(units.size());
+  h.num_combines = static_cast<int32_t>(combines.size());
+  h.num_heads = heads;
+  h.page_size = p.page_size;
+  h.causal = p.causal ? 1 : 0;
+  h.num_partials = next_partial;
+  h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
+  h.units_offset = static_cast<int32_t>(layout.units_offset);
+  h.combines_offset = static_cast<int32_t>(layout.combines_offset);
+  std::byte* base = host_plan.data();
+  std::memcpy(base, &h, sizeof(h));
+  std::memcpy(base + layout.cta_begin_offset, cta_begin.data(),
+              sizeof(int32_t) * cta_begin.size());
+  std::memcpy(base + layout.units_offset, units.data(), sizeof(WorkUnit) * units.size());
+  std::memcpy(base + layout.combines_offset, combines.data(),
+              sizeof(CombineUnit) * combines.size());
+  // Bytes through the last combine written: the upload can stop there.
+  return layout.combines_offset + sizeof(CombineUnit) * combines.size();
+}
+
+}  // namespace mla::cuda::absorbed

@@ -1,0 +1,33 @@
+// The "cuda" OpSet: the absorbed op from this folder, the prefill-side ops (MHA, merge, KV
+// write, up-projection, head GEMM) from cuda-prefill's factories. Also registers the cuda
+// DeviceRuntime. The set is registered even without a device: its ops then fail with the
+// runtime's error, and device_available(Device::cuda()) tells callers to skip.
+#include "kernels/cuda/absorbed/op.h"
+#include "mla/ops.h"
+
+#if __has_include("kernels/cuda/ops_factory.h")
+#include "kernels/cuda/ops_factory.h"
+#define MLA_HAVE_CUDA_OPS_FACTORY 1
+#endif
+
+namespace mla {
+
+void ensure_cuda_runtime_registered();
+
+void register_cuda_ops(OpRegistry& registry) {
+  ensure_cuda_runtime_registered();
+  OpSet set;
+  set.name = "cuda";
+  set.device = DeviceType::kCuda;
+  set.absorbed = cuda::make_cuda_absorbed_op();
+#ifdef MLA_HAVE_CUDA_OPS_FACTORY
+  set.mha = cuda::make_cuda_mha_op();
+  set.merge = cuda::make_cuda_merge_op();
+  set.kv_write = cuda::make_cuda_kv_write_op();
+  set.up_project = cuda::make_cuda_up_project_op();
+  set.head_gemm = cuda::make_cuda_head_gemm_op();
+#endif
+  registry.add(std::move(set));
+}
+
+}  // namespace mla

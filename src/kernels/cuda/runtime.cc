@@ -1,0 +1,171 @@
+// The CUDA DeviceRuntime: plain cudaMalloc/cudaFree, stream-ordered copies and memsets, and the
+// registration hook that src/core/memory.cc calls (ensure_cuda_runtime_registered). A machine
+// without a GPU or driver reports device_count 0 and never crashes.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common.h"
+#include "mla/memory.h"
+
+namespace mla {
+namespace cuda {
+
+Status cuda_status(cudaError_t err, std::string_view call, const char* file, int line) {
+  return make_status(StatusCode::kCudaError, "{} failed at {}:{}: {} ({})", call, file, line,
+                     cudaGetErrorString(err), static_cast<int>(err));
+}
+
+bool sync_check_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MLA_CUDA_SYNC_CHECK");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return enabled;
+}
+
+Status check_launch(std::string_view kernel, cudaStream_t stream, const char* file, int line) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return cuda_status(err, fmt::format("launch of {}", kernel), file, line);
+  }
+  if (sync_check_enabled()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    err = cudaStreamIsCapturing(stream, &capture);
+    if (err == cudaSuccess && capture == cudaStreamCaptureStatusNone) {
+      err = cudaStreamSynchronize(stream);
+    }
+    if (err != cudaSuccess) {
+      return cuda_status(err, fmt::format("{} (MLA_CUDA_SYNC_CHECK)", kernel), file, line);
+    }
+  }
+  return Status::Ok();
+}
+
+int current_device() {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) return -1;
+  return d;
+}
+
+int sm_count(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) return 0;
+  if (static_cast<std::size_t>(device) >= cache.size()) cache.resize(device + 1, -1);
+  if (cache[device] < 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    cache[device] = n;
+  }
+  return cache[device];
+}
+
+namespace {
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  CudaRuntime() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no driver / no device" error
+      n = 0;
+    }
+    count_ = n;
+  }
+  DeviceType type() const override { return DeviceType::kCuda; }
+  int device_count() const override { return count_; }
+
+  std::string describe(int index) const override {
+    if (index < 0 || index >= count_) return fmt::format("cuda:{} (not present)", index);
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+      cudaGetLastError();
+      return fmt::format("cuda:{} (properties unavailable)", index);
+    }
+    const double gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+    return fmt::format("{}, {} SMs, {:.0f} GiB", prop.name, prop.multiProcessorCount, gib);
+  }
+
+  StatusOr<void*> malloc(int index, std::size_t bytes) override {
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    MLA_RETURN_IF_ERROR(select(index));
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return make_status(err == cudaErrorMemoryAllocation ? StatusCode::kOutOfMemory
+                                                          : StatusCode::kCudaError,
+                         "cudaMalloc of {} bytes on cuda:{} failed: {}", bytes, index,
+                         cudaGetErrorString(err));
+    }
+    return p;
+  }
+
+  void free(int index, void* p) override {
+    if (p == nullptr) return;
+    if (select(index).ok()) cudaFree(p);
+    cudaGetLastError();
+  }
+
+  Status memset(void* dst, int value, std::size_t bytes, void* stream) override {
+    if (bytes == 0) return Status::Ok();
+    MLA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, as_stream(stream)));
+    return Status::Ok();
+  }
+  Status copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream) override {
+    return copy(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+  }
+  Status copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) override {
+    MLA_RETURN_IF_ERROR(copy(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+    // The caller reads the host bytes next: the copy must have finished.
+    return synchronize(stream);
+  }
+  Status copy_device(void* dst, const void* src, std::size_t bytes, void* stream) override {
+    return copy(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  }
+  Status synchronize(void* stream) override {
+    MLA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(as_stream(stream)));
+    return Status::Ok();
+  }
+  int multiprocessor_count(int index) const override {
+    if (index < 0 || index >= count_) return 0;
+    return sm_count(index);
+  }
+
+ private:
+  static cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+  Status select(int index) const {
+    if (index < 0 || index >= count_) {
+      return invalid_argument("cuda device index {} out of range (device_count {})", index,
+                              count_);
+    }
+    MLA_CUDA_RETURN_IF_ERROR(cudaSetDevice(index));
+    return Status::Ok();
+  }
+  Status copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, void* stream) {
+    if (bytes == 0) return Status::Ok();
+    MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, as_stream(stream)));
+    return Status::Ok();
+  }
+  int count_ = 0;
+};
+
+}  // namespace
+}  // namespace cuda
+
+void ensure_cuda_runtime_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_device_runtime(std::make_unique<cuda::CudaRuntime>()); });
+}
+
+}  // namespace mla
