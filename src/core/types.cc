@@ -30,6 +30,10 @@ fp8_e4m3 fp8_e4m3::from_float(float f) {
   }
   const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
   float a = std::fabs(f);
+  if (a == 0.0f) {  // frexp(0) reports exponent 0, which the normal path would misread
+    r.bits = sign;
+    return r;
+  }
   if (a >= 448.0f) {
     r.bits = sign | 0x7e;  // saturate to 448
     return r;
