@@ -33,8 +33,8 @@ Status check_request(const ForwardBatch& batch, const BatchLimits& limits, int b
   const int64_t seq = batch.seq_lens[b];
   MLA_CHECK_ARG(seq >= 0, "seq_lens[{}] = {} is negative", b, seq);
   if (mode == ForwardMode::kDecode) {
-    MLA_CHECK_ARG(seq >= 1, "seq_lens[{}] = {} must be >= 1 in decode (it counts the new token)",
-                  b, seq);
+    MLA_CHECK_ARG(seq >= 1, "seq_lens[{}] = {} must be >= 1 in decode (it counts the new token)", b,
+                  seq);
   }
   if (extend_given) {
     const int64_t prefix = batch.extend_prefix_lens[b];
@@ -48,15 +48,15 @@ Status check_request(const ForwardBatch& batch, const BatchLimits& limits, int b
                     prefix, b, seq - 1);
     } else if (mode == ForwardMode::kTargetVerify) {
       MLA_CHECK_ARG(extend == batch.num_draft_tokens,
-                    "extend_seq_lens[{}] = {} must equal num_draft_tokens = {} in target_verify",
-                    b, extend, batch.num_draft_tokens);
+                    "extend_seq_lens[{}] = {} must equal num_draft_tokens = {} in target_verify", b,
+                    extend, batch.num_draft_tokens);
       MLA_CHECK_ARG(prefix == seq,
                     "extend_prefix_lens[{}] = {} must equal seq_lens[{}] = {} in target_verify "
                     "(seq_lens exclude the drafts)",
                     b, prefix, b, seq);
     } else {
-      MLA_CHECK_ARG(seq >= prefix, "seq_lens[{}] = {} is below extend_prefix_lens[{}] = {}", b,
-                    seq, b, prefix);
+      MLA_CHECK_ARG(seq >= prefix, "seq_lens[{}] = {} is below extend_prefix_lens[{}] = {}", b, seq,
+                    b, prefix);
       MLA_CHECK_ARG(seq == prefix + extend,
                     "seq_lens[{}] = {} is not extend_prefix_lens[{}] + extend_seq_lens[{}] = "
                     "{} + {} = {}",
@@ -79,12 +79,18 @@ Status check_request(const ForwardBatch& batch, const BatchLimits& limits, int b
 
 std::string_view forward_mode_name(ForwardMode m) {
   switch (m) {
-    case ForwardMode::kDecode: return "decode";
-    case ForwardMode::kExtend: return "extend";
-    case ForwardMode::kMixed: return "mixed";
-    case ForwardMode::kTargetVerify: return "target_verify";
-    case ForwardMode::kDraftExtend: return "draft_extend";
-    case ForwardMode::kIdle: return "idle";
+    case ForwardMode::kDecode:
+      return "decode";
+    case ForwardMode::kExtend:
+      return "extend";
+    case ForwardMode::kMixed:
+      return "mixed";
+    case ForwardMode::kTargetVerify:
+      return "target_verify";
+    case ForwardMode::kDraftExtend:
+      return "draft_extend";
+    case ForwardMode::kIdle:
+      return "idle";
   }
   return "unknown";
 }
@@ -95,11 +101,14 @@ bool parse_forward_mode(std::string_view s, ForwardMode* out) {
     ForwardMode mode;
   };
   static constexpr Name kNames[] = {
-      {"decode", ForwardMode::kDecode},        {"extend", ForwardMode::kExtend},
-      {"prefill", ForwardMode::kExtend},       {"mixed", ForwardMode::kMixed},
+      {"decode", ForwardMode::kDecode},
+      {"extend", ForwardMode::kExtend},
+      {"prefill", ForwardMode::kExtend},
+      {"mixed", ForwardMode::kMixed},
       {"target_verify", ForwardMode::kTargetVerify},
       {"target-verify", ForwardMode::kTargetVerify},
-      {"verify", ForwardMode::kTargetVerify},  {"draft_extend", ForwardMode::kDraftExtend},
+      {"verify", ForwardMode::kTargetVerify},
+      {"draft_extend", ForwardMode::kDraftExtend},
       {"draft-extend", ForwardMode::kDraftExtend},
       {"idle", ForwardMode::kIdle},
   };
@@ -114,10 +123,14 @@ bool parse_forward_mode(std::string_view s, ForwardMode* out) {
 
 int32_t ForwardBatch::q_len(int b) const {
   switch (mode) {
-    case ForwardMode::kDecode: return 1;
-    case ForwardMode::kTargetVerify: return num_draft_tokens;
-    case ForwardMode::kIdle: return 0;
-    default: return extend_seq_lens[static_cast<std::size_t>(b)];
+    case ForwardMode::kDecode:
+      return 1;
+    case ForwardMode::kTargetVerify:
+      return num_draft_tokens;
+    case ForwardMode::kIdle:
+      return 0;
+    default:
+      return extend_seq_lens[static_cast<std::size_t>(b)];
   }
 }
 
@@ -129,9 +142,12 @@ int32_t ForwardBatch::kv_len(int b) const {
 
 int64_t ForwardBatch::num_tokens() const {
   switch (mode) {
-    case ForwardMode::kDecode: return batch_size;
-    case ForwardMode::kTargetVerify: return static_cast<int64_t>(batch_size) * num_draft_tokens;
-    case ForwardMode::kIdle: return 0;
+    case ForwardMode::kDecode:
+      return batch_size;
+    case ForwardMode::kTargetVerify:
+      return static_cast<int64_t>(batch_size) * num_draft_tokens;
+    case ForwardMode::kIdle:
+      return 0;
     default: {
       int64_t n = 0;
       for (int b = 0; b < batch_size; ++b) n += extend_seq_lens[static_cast<std::size_t>(b)];
@@ -200,14 +216,14 @@ Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits) {
     if (has_extend_vectors(mode)) tokens += batch.extend_seq_lens[static_cast<std::size_t>(b)];
   }
   if (mode == ForwardMode::kDecode) tokens = bs;
-  if (mode == ForwardMode::kTargetVerify) tokens = static_cast<int64_t>(bs) * batch.num_draft_tokens;
+  if (mode == ForwardMode::kTargetVerify)
+    tokens = static_cast<int64_t>(bs) * batch.num_draft_tokens;
 
   const std::string_view tokens_what = mode == ForwardMode::kDecode ? "batch_size"
                                        : mode == ForwardMode::kTargetVerify
                                            ? "batch_size * num_draft_tokens"
                                            : "sum(extend_seq_lens)";
-  MLA_RETURN_IF_ERROR(
-      check_size("out_cache_loc", batch.out_cache_loc.size(), tokens, tokens_what));
+  MLA_RETURN_IF_ERROR(check_size("out_cache_loc", batch.out_cache_loc.size(), tokens, tokens_what));
   for (std::size_t t = 0; t < batch.out_cache_loc.size(); ++t) {
     const int64_t slot = batch.out_cache_loc[t];
     MLA_CHECK_ARG(slot >= 0 && slot < limits.num_slots,

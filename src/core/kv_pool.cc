@@ -50,8 +50,7 @@ Status PageAllocator::retain(const std::vector<int32_t>& pages) {
   for (std::size_t i = 0; i < pages.size(); ++i) {
     const int32_t p = pages[i];
     MLA_CHECK_ARG(p >= 1 && p <= num_pages_, "pages[{}] = {} is outside 1..{}", i, p, num_pages_);
-    MLA_CHECK_ARG(refs_[static_cast<std::size_t>(p)] > 0, "pages[{}] = {} is not allocated", i,
-                  p);
+    MLA_CHECK_ARG(refs_[static_cast<std::size_t>(p)] > 0, "pages[{}] = {} is not allocated", i, p);
   }
   for (int32_t p : pages) ++refs_[static_cast<std::size_t>(p)];
   return Status::Ok();
@@ -111,10 +110,10 @@ StatusOr<std::unique_ptr<LatentKvPool>> LatentKvPool::create(const KvPoolConfig&
   pool->layers_.reserve(static_cast<std::size_t>(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     // Zeroed so the dummy page (and never-written slots) read as finite zeros.
-    MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
-                         DeviceBuffer::allocate(c.device, layer_bytes,
-                                                fmt::format("kv_pool.layer{}", l), "kv_pool",
-                                                /*zeroed=*/true));
+    MLA_ASSIGN_OR_RETURN(
+        DeviceBuffer buf,
+        DeviceBuffer::allocate(c.device, layer_bytes, fmt::format("kv_pool.layer{}", l), "kv_pool",
+                               /*zeroed=*/true));
     pool->layers_.push_back(std::move(buf));
   }
   pool->k_scales_.assign(static_cast<std::size_t>(c.num_layers), 1.0f);
@@ -134,8 +133,8 @@ StatusOr<std::unique_ptr<LatentKvPool>> LatentKvPool::create(const KvPoolConfig&
 
 TensorView LatentKvPool::layer_cache(int layer) const {
   if (layer < 0 || layer >= config_.num_layers) return TensorView();
-  return TensorView(layers_[static_cast<std::size_t>(layer)].data(), config_.dtype,
-                    config_.device, {num_slots(), config_.latent_dim});
+  return TensorView(layers_[static_cast<std::size_t>(layer)].data(), config_.dtype, config_.device,
+                    {num_slots(), config_.latent_dim});
 }
 
 float LatentKvPool::k_scale(int layer) const {
@@ -193,7 +192,8 @@ StatusOr<int> LatentKvPool::alloc_request() {
 Status LatentKvPool::sync_row(int row, int32_t from, int32_t to) {
   if (to <= from) return Status::Ok();
   DeviceRuntime* rt = device_runtime(config_.device.type);
-  if (rt == nullptr) return internal_error("kv pool: no runtime for {}", config_.device.to_string());
+  if (rt == nullptr)
+    return internal_error("kv pool: no runtime for {}", config_.device.to_string());
   const std::size_t offset =
       static_cast<std::size_t>(row) * config_.max_context_len + static_cast<std::size_t>(from);
   return rt->copy_to_device(req_to_token_dev_.as<int32_t>() + offset,
@@ -201,10 +201,10 @@ Status LatentKvPool::sync_row(int row, int32_t from, int32_t to) {
                             static_cast<std::size_t>(to - from) * sizeof(int32_t), nullptr);
 }
 
-#define MLA_CHECK_LIVE_ROW(field, row)                                                       \
-  MLA_CHECK_ARG((row) >= 1 && (row) <= config_.max_requests, "{} = {} is outside 1..{}",     \
-                field, row, config_.max_requests);                                           \
-  MLA_CHECK_ARG(request_lens_[static_cast<std::size_t>(row)] >= 0,                           \
+#define MLA_CHECK_LIVE_ROW(field, row)                                                          \
+  MLA_CHECK_ARG((row) >= 1 && (row) <= config_.max_requests, "{} = {} is outside 1..{}", field, \
+                row, config_.max_requests);                                                     \
+  MLA_CHECK_ARG(request_lens_[static_cast<std::size_t>(row)] >= 0,                              \
                 "{} = {} is not an allocated request row", field, row)
 
 Status LatentKvPool::free_request(int row) {
@@ -225,8 +225,9 @@ Status LatentKvPool::extend_request(int row, int32_t new_len, std::vector<int32_
                 "new_len = {} of row {} exceeds max_context_len = {}", new_len, row,
                 config_.max_context_len);
   const int P = config_.page_size;
-  int32_t* table = req_to_token_host_.data() + static_cast<std::size_t>(row) *
-                                                   static_cast<std::size_t>(config_.max_context_len);
+  int32_t* table =
+      req_to_token_host_.data() +
+      static_cast<std::size_t>(row) * static_cast<std::size_t>(config_.max_context_len);
   const int64_t old_pages = pages_for(old_len, P);
   const int64_t new_pages = pages_for(new_len, P);
   // Copy-on-write: new tokens that land in a partly filled last page held by another request
@@ -248,10 +249,10 @@ Status LatentKvPool::extend_request(int row, int32_t new_len, std::vector<int32_
         static_cast<std::size_t>(config_.latent_dim) * dtype_size(config_.dtype);
     for (auto& layer : layers_) {
       auto* base = layer.as<std::byte>();
-      Status s = rt->copy_device(base + static_cast<std::size_t>(page) * P * row_bytes,
-                                 base + static_cast<std::size_t>(cow_old_page) * P * row_bytes,
-                                 static_cast<std::size_t>(old_len - first_changed) * row_bytes,
-                                 nullptr);
+      Status s =
+          rt->copy_device(base + static_cast<std::size_t>(page) * P * row_bytes,
+                          base + static_cast<std::size_t>(cow_old_page) * P * row_bytes,
+                          static_cast<std::size_t>(old_len - first_changed) * row_bytes, nullptr);
       if (!s.ok()) {
         allocator_.release(fresh).ignore();
         return s;
@@ -284,8 +285,9 @@ Status LatentKvPool::truncate_request(int row, int32_t new_len) {
                 "new_len = {} of row {} is outside 0..{} (its current length)", new_len, row,
                 old_len);
   const int P = config_.page_size;
-  int32_t* table = req_to_token_host_.data() + static_cast<std::size_t>(row) *
-                                                   static_cast<std::size_t>(config_.max_context_len);
+  int32_t* table =
+      req_to_token_host_.data() +
+      static_cast<std::size_t>(row) * static_cast<std::size_t>(config_.max_context_len);
   std::vector<int32_t> dropped;
   for (int64_t k = pages_for(new_len, P); k < pages_for(old_len, P); ++k) {
     dropped.push_back(table[k * P] / P);
@@ -308,8 +310,8 @@ Status LatentKvPool::share_prefix(int src, int dst, int32_t len) {
   const int32_t src_len = request_lens_[static_cast<std::size_t>(src)];
   const int32_t dst_len = request_lens_[static_cast<std::size_t>(dst)];
   MLA_CHECK_ARG(dst_len == 0, "dst = {} must be empty, it holds {} tokens", dst, dst_len);
-  MLA_CHECK_ARG(len >= 0 && len <= src_len, "len = {} is outside 0..{} (length of src = {})",
-                len, src_len, src);
+  MLA_CHECK_ARG(len >= 0 && len <= src_len, "len = {} is outside 0..{} (length of src = {})", len,
+                src_len, src);
   const int P = config_.page_size;
   MLA_CHECK_ARG(len % P == 0, "len = {} is not a multiple of page_size = {}", len, P);
   const std::size_t ctx = static_cast<std::size_t>(config_.max_context_len);

@@ -1,13 +1,14 @@
 // Forward batch validation: valid batches of every mode pass; every malformed field of every
 // mode is rejected with kInvalidArgument and a message naming the field, index and value.
 // Derived lengths (q_len, kv_len, num_tokens, has_prefix) and finalize_batch.
+#include "mla/batch.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "mla/batch.h"
 #include "mla/kv_pool.h"
 #include "unit_util.h"
 
@@ -79,9 +80,9 @@ ForwardBatch valid_batch(ForwardMode mode) {
   return b;
 }
 
-const ForwardMode kAllModes[] = {ForwardMode::kDecode,       ForwardMode::kExtend,
-                                 ForwardMode::kMixed,        ForwardMode::kTargetVerify,
-                                 ForwardMode::kDraftExtend,  ForwardMode::kIdle};
+const ForwardMode kAllModes[] = {ForwardMode::kDecode,      ForwardMode::kExtend,
+                                 ForwardMode::kMixed,       ForwardMode::kTargetVerify,
+                                 ForwardMode::kDraftExtend, ForwardMode::kIdle};
 
 TEST(ValidateBatch, ValidBatchOfEveryModePasses) {
   for (ForwardMode m : kAllModes) {
@@ -185,39 +186,64 @@ std::vector<RejectCase> reject_cases() {
   }
   // Decode.
   const ForwardMode D = ForwardMode::kDecode;
-  out.push_back({"decode_SeqLensZero", D, [](F& b, L&) { b.seq_lens[1] = 0; b.extend_prefix_lens[1] = -1; },
+  out.push_back({"decode_SeqLensZero",
+                 D,
+                 [](F& b, L&) {
+                   b.seq_lens[1] = 0;
+                   b.extend_prefix_lens[1] = -1;
+                 },
                  {"seq_lens[1] = 0", "must be >= 1"}});
-  out.push_back({"decode_SeqLensBeyondContext", D,
-                 [](F& b, L&) { b.seq_lens[1] = 65; b.extend_prefix_lens[1] = 64; },
+  out.push_back({"decode_SeqLensBeyondContext",
+                 D,
+                 [](F& b, L&) {
+                   b.seq_lens[1] = 65;
+                   b.extend_prefix_lens[1] = 64;
+                 },
                  {"seq_lens[1] = 65", "max_context_len = 64"}});
-  out.push_back({"decode_ExtendSeqLensNotOne", D, [](F& b, L&) { b.extend_seq_lens[1] = 2; },
+  out.push_back({"decode_ExtendSeqLensNotOne",
+                 D,
+                 [](F& b, L&) { b.extend_seq_lens[1] = 2; },
                  {"extend_seq_lens[1] = 2", "must be 1"}});
-  out.push_back({"decode_ExtendPrefixLensNotSeqMinusOne", D,
+  out.push_back({"decode_ExtendPrefixLensNotSeqMinusOne",
+                 D,
                  [](F& b, L&) { b.extend_prefix_lens[1] = 1; },
                  {"extend_prefix_lens[1] = 1", "seq_lens[1] - 1 = 0"}});
-  out.push_back({"decode_ExtendVectorsHalfGiven", D, [](F& b, L&) { b.extend_seq_lens.clear(); },
+  out.push_back({"decode_ExtendVectorsHalfGiven",
+                 D,
+                 [](F& b, L&) { b.extend_seq_lens.clear(); },
                  {"extend_seq_lens has 0 entries", "batch_size = 3"}});
   // Extend-like modes with explicit extend vectors.
   for (ForwardMode m : {ForwardMode::kExtend, ForwardMode::kMixed, ForwardMode::kDraftExtend}) {
     const std::string mode(forward_mode_name(m));
-    out.push_back({mode + "_ExtendPrefixLensNegative", m,
+    out.push_back({mode + "_ExtendPrefixLensNegative",
+                   m,
                    [](F& b, L&) { b.extend_prefix_lens[1] = -2; },
                    {"extend_prefix_lens[1] = -2"}});
-    out.push_back({mode + "_ExtendSeqLensNegative", m, [](F& b, L&) { b.extend_seq_lens[1] = -3; },
+    out.push_back({mode + "_ExtendSeqLensNegative",
+                   m,
+                   [](F& b, L&) { b.extend_seq_lens[1] = -3; },
                    {"extend_seq_lens[1] = -3"}});
-    out.push_back({mode + "_SeqLensBelowPrefix", m,
-                   [](F& b, L&) { b.seq_lens[1] = 3; b.extend_prefix_lens[1] = 5; },
+    out.push_back({mode + "_SeqLensBelowPrefix",
+                   m,
+                   [](F& b, L&) {
+                     b.seq_lens[1] = 3;
+                     b.extend_prefix_lens[1] = 5;
+                   },
                    {"seq_lens[1] = 3 is below extend_prefix_lens[1] = 5"}});
-    out.push_back({mode + "_SeqLensNotPrefixPlusExtend", m, [](F& b, L&) { b.seq_lens[1] += 1; },
+    out.push_back({mode + "_SeqLensNotPrefixPlusExtend",
+                   m,
+                   [](F& b, L&) { b.seq_lens[1] += 1; },
                    {fmt::format("seq_lens[1] = {}", valid_batch(m).seq_lens[1] + 1),
                     "extend_prefix_lens[1] + extend_seq_lens[1]"}});
-    out.push_back({mode + "_SeqLensBeyondContext", m,
+    out.push_back({mode + "_SeqLensBeyondContext",
+                   m,
                    [](F& b, L&) {
                      b.seq_lens[1] = 66;
                      b.extend_prefix_lens[1] = 66 - b.extend_seq_lens[1];
                    },
                    {"seq_lens[1] = 66", "max_context_len = 64"}});
-    out.push_back({mode + "_ExtendVectorsMissing", m,
+    out.push_back({mode + "_ExtendVectorsMissing",
+                   m,
                    [](F& b, L&) {
                      b.extend_prefix_lens.clear();
                      b.extend_seq_lens.clear();
@@ -226,36 +252,48 @@ std::vector<RejectCase> reject_cases() {
   }
   // Target verify.
   const ForwardMode V = ForwardMode::kTargetVerify;
-  out.push_back({"target_verify_NumDraftTokensZero", V, [](F& b, L&) { b.num_draft_tokens = 0; },
+  out.push_back({"target_verify_NumDraftTokensZero",
+                 V,
+                 [](F& b, L&) { b.num_draft_tokens = 0; },
                  {"num_draft_tokens = 0", "1..4"}});
-  out.push_back({"target_verify_NumDraftTokensAboveMax", V,
-                 [](F& b, L&) { b.num_draft_tokens = 5; }, {"num_draft_tokens = 5", "1..4"}});
-  out.push_back({"target_verify_KvLenBeyondContext", V,
+  out.push_back({"target_verify_NumDraftTokensAboveMax",
+                 V,
+                 [](F& b, L&) { b.num_draft_tokens = 5; },
+                 {"num_draft_tokens = 5", "1..4"}});
+  out.push_back({"target_verify_KvLenBeyondContext",
+                 V,
                  [](F& b, L&) {
                    b.seq_lens[1] = 62;
                    b.extend_prefix_lens[1] = 62;
                  },
                  {"seq_lens[1] + num_draft_tokens = 62 + 3 = 65", "max_context_len = 64"}});
-  out.push_back({"target_verify_ExtendSeqLensNotDrafts", V,
+  out.push_back({"target_verify_ExtendSeqLensNotDrafts",
+                 V,
                  [](F& b, L&) { b.extend_seq_lens[1] = 2; },
                  {"extend_seq_lens[1] = 2", "num_draft_tokens = 3"}});
-  out.push_back({"target_verify_ExtendPrefixLensNotSeqLens", V,
+  out.push_back({"target_verify_ExtendPrefixLensNotSeqLens",
+                 V,
                  [](F& b, L&) { b.extend_prefix_lens[1] = 64; },
                  {"extend_prefix_lens[1] = 64", "seq_lens[1] = 61"}});
   // Idle.
   const ForwardMode I = ForwardMode::kIdle;
-  out.push_back({"idle_BatchSizeNonZero", I, [](F& b, L&) { b.batch_size = 1; },
-                 {"batch_size = 1", "idle"}});
-  out.push_back({"idle_SeqLensNonEmpty", I, [](F& b, L&) { b.seq_lens = {3}; },
-                 {"seq_lens has 1 entries"}});
-  out.push_back({"idle_OutCacheLocNonEmpty", I, [](F& b, L&) { b.out_cache_loc = {3}; },
+  out.push_back(
+      {"idle_BatchSizeNonZero", I, [](F& b, L&) { b.batch_size = 1; }, {"batch_size = 1", "idle"}});
+  out.push_back(
+      {"idle_SeqLensNonEmpty", I, [](F& b, L&) { b.seq_lens = {3}; }, {"seq_lens has 1 entries"}});
+  out.push_back({"idle_OutCacheLocNonEmpty",
+                 I,
+                 [](F& b, L&) { b.out_cache_loc = {3}; },
                  {"out_cache_loc has 1 entries"}});
-  out.push_back({"idle_ExtendSeqLensNonEmpty", I, [](F& b, L&) { b.extend_seq_lens = {1}; },
+  out.push_back({"idle_ExtendSeqLensNonEmpty",
+                 I,
+                 [](F& b, L&) { b.extend_seq_lens = {1}; },
                  {"extend_seq_lens has 1 entries"}});
-  out.push_back({"idle_NumDraftTokens", I, [](F& b, L&) { b.num_draft_tokens = 1; },
+  out.push_back({"idle_NumDraftTokens",
+                 I,
+                 [](F& b, L&) { b.num_draft_tokens = 1; },
                  {"num_draft_tokens = 1", "idle"}});
-  out.push_back({"idle_SeqLensSum", I, [](F& b, L&) { b.seq_lens_sum = 4; },
-                 {"seq_lens_sum = 4"}});
+  out.push_back({"idle_SeqLensSum", I, [](F& b, L&) { b.seq_lens_sum = 4; }, {"seq_lens_sum = 4"}});
   return out;
 }
 

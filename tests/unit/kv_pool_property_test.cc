@@ -78,15 +78,17 @@ class KvPoolProperty : public ::testing::TestWithParam<PropertyParam> {
       const std::size_t len = it == shadow_.end() ? 0 : it->second.size();
       ASSERT_EQ(pool_->request_len(r), static_cast<int32_t>(len)) << "row " << r;
       for (int i = 0; i < ctx; ++i) {
-        const int32_t want = static_cast<std::size_t>(i) < len ? it->second[static_cast<std::size_t>(i)] : 0;
-        ASSERT_EQ(table[static_cast<std::size_t>(r) * ctx + i], want) << "row " << r << " token " << i;
+        const int32_t want =
+            static_cast<std::size_t>(i) < len ? it->second[static_cast<std::size_t>(i)] : 0;
+        ASSERT_EQ(table[static_cast<std::size_t>(r) * ctx + i], want)
+            << "row " << r << " token " << i;
       }
     }
     // Device copy == host copy.
     ASSERT_EQ(std::memcmp(pool_->req_to_token().data, table.data(), table.size() * 4), 0);
     // Layout, ownership and reference counts.
-    std::map<int32_t, int> holders;           // page -> live requests using it
-    std::map<int32_t, int> token_of_slot;     // slot -> token index of its holders
+    std::map<int32_t, int> holders;        // page -> live requests using it
+    std::map<int32_t, int> token_of_slot;  // slot -> token index of its holders
     for (const auto& [row, slots] : shadow_) {
       for (std::size_t i = 0; i < slots.size(); ++i) {
         const int32_t s = slots[i];
@@ -134,7 +136,8 @@ class KvPoolProperty : public ::testing::TestWithParam<PropertyParam> {
     const int old_len = static_cast<int>(slots.size());
     const int ctx = config_.max_context_len;
     const bool too_long = rand_int(0, 19) == 0;
-    const int new_len = too_long ? ctx + rand_int(1, 3) : rand_int(old_len, std::min(ctx, old_len + 2 * P_ + 1));
+    const int new_len =
+        too_long ? ctx + rand_int(1, 3) : rand_int(old_len, std::min(ctx, old_len + 2 * P_ + 1));
     // Pages needed, from the shadow: new pages plus a copy of a shared partly filled tail page.
     int64_t need = pages_for(new_len) - pages_for(old_len);
     if (old_len % P_ != 0 && new_len > old_len) {
@@ -222,11 +225,22 @@ TEST_P(KvPoolProperty, RandomOperationSequences) {
   for (int step = 0; step < kSteps; ++step) {
     const int dice = rand_int(0, 99);
     std::string what;
-    if (dice < 15) { what = "alloc"; op_alloc(); }
-    else if (dice < 55) { what = "extend"; op_extend(); }
-    else if (dice < 70) { what = "truncate"; op_truncate(); }
-    else if (dice < 88) { what = "share"; op_share(); }
-    else { what = "free"; op_free(); }
+    if (dice < 15) {
+      what = "alloc";
+      op_alloc();
+    } else if (dice < 55) {
+      what = "extend";
+      op_extend();
+    } else if (dice < 70) {
+      what = "truncate";
+      op_truncate();
+    } else if (dice < 88) {
+      what = "share";
+      op_share();
+    } else {
+      what = "free";
+      op_free();
+    }
     if (HasFatalFailure()) FAIL() << "step " << step << " (" << what << ")";
     check_invariants(fmt::format("after step {} ({})", step, what));
     if (HasFatalFailure()) return;
@@ -242,8 +256,8 @@ TEST_P(KvPoolProperty, RandomOperationSequences) {
   while (taken < config_.num_pages) {
     auto row = pool_->alloc_request();
     ASSERT_TRUE(row.ok());
-    const int64_t len = std::min<int64_t>(config_.max_context_len,
-                                          (config_.num_pages - taken) * P_);
+    const int64_t len =
+        std::min<int64_t>(config_.max_context_len, (config_.num_pages - taken) * P_);
     ASSERT_TRUE(pool_->extend_request(*row, static_cast<int32_t>(len), nullptr).ok());
     taken += pages_for(len);
   }

@@ -1,12 +1,13 @@
 // LatentKvPool: configuration errors, ledger records, k scales, request rows, copy-on-write of a
 // shared tail page, and error messages. The random-sequence property tests are in
 // kv_pool_property_test.cc.
+#include "mla/kv_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "mla/kv_pool.h"
 #include "unit_util.h"
 
 namespace mla {
@@ -63,7 +64,7 @@ TEST(LatentKvPool, BuffersAreRecordedInTheLedger) {
   KvPoolConfig c = small_config(16, 5);
   auto pool = make_pool(c);
   ASSERT_TRUE(pool);
-  const std::size_t layer_bytes = 6 * 16 * 576 * 2;     // (num_pages + 1) * P rows of bf16
+  const std::size_t layer_bytes = 6 * 16 * 576 * 2;           // (num_pages + 1) * P rows of bf16
   const std::size_t table_bytes = 5 * c.max_context_len * 4;  // (max_requests + 1) rows of i32
   EXPECT_EQ(MemoryLedger::global().total_bytes(Device::cpu()),
             before + 2 * layer_bytes + table_bytes);
@@ -222,9 +223,8 @@ TEST(LatentKvPool, ExtendingIntoASharedTailPageCopiesIt) {
     }
   }
   const int32_t* dev = pool->req_to_token().ptr<const int32_t>();
-  EXPECT_EQ(std::memcmp(dev, pool->req_to_token_host().data(),
-                        pool->req_to_token_host().size() * 4),
-            0);
+  EXPECT_EQ(
+      std::memcmp(dev, pool->req_to_token_host().data(), pool->req_to_token_host().size() * 4), 0);
 }
 
 TEST(LatentKvPool, OutOfPagesChangesNothing) {

@@ -1,11 +1,12 @@
 // DeviceBuffer on the cpu and the MemoryLedger's accounting. The ledger is process-wide, so
 // every check is a difference against a snapshot taken at the start of the test.
+#include "mla/memory.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include "mla/memory.h"
 #include "unit_util.h"
 
 namespace mla {

@@ -1,9 +1,10 @@
 // Status, StatusOr and the MLA_* check/propagation macros.
+#include "mla/status.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "mla/status.h"
 #include "unit_util.h"
 
 namespace mla {
@@ -28,8 +29,8 @@ StatusOr<int> add_one(bool ok) {
 }
 
 Status check_seq(int b, int seq, int prefix) {
-  MLA_CHECK_ARG(seq >= prefix, "seq_lens[{}] = {} is below extend_prefix_lens[{}] = {}", b, seq,
-                b, prefix);
+  MLA_CHECK_ARG(seq >= prefix, "seq_lens[{}] = {} is below extend_prefix_lens[{}] = {}", b, seq, b,
+                prefix);
   return Status::Ok();
 }
 
@@ -56,10 +57,10 @@ TEST(Status, ToStringHasCodeNameAndMessage) {
 }
 
 TEST(Status, EveryCodeHasADistinctName) {
-  const StatusCode codes[] = {StatusCode::kOk,          StatusCode::kInvalidArgument,
-                              StatusCode::kUnsupported, StatusCode::kOutOfMemory,
-                              StatusCode::kOutOfWorkspace, StatusCode::kCudaError,
-                              StatusCode::kInternal};
+  const StatusCode codes[] = {
+      StatusCode::kOk,          StatusCode::kInvalidArgument, StatusCode::kUnsupported,
+      StatusCode::kOutOfMemory, StatusCode::kOutOfWorkspace,  StatusCode::kCudaError,
+      StatusCode::kInternal};
   for (StatusCode a : codes) {
     EXPECT_FALSE(status_code_name(a).empty());
     for (StatusCode b : codes) {

@@ -1,9 +1,10 @@
 // TensorView shapes/strides and expect_tensor's checks and messages.
+#include "mla/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "mla/tensor.h"
 #include "unit_util.h"
 
 namespace mla {
@@ -52,10 +53,9 @@ TEST(ExpectTensor, AcceptsMatchingAndWildcards) {
 TEST(ExpectTensor, RejectsWrongDtypeRankDevice) {
   std::vector<uint16_t> buf(2 * 16 * 576);
   TensorView q(buf.data(), DType::kBF16, Device::cpu(), {2, 16, 576});
-  for (const Status& s :
-       {expect_tensor(q, "q", DType::kF32, {2, 16, 576}, Device::cpu()),
-        expect_tensor(q, "q", DType::kBF16, {2, 16 * 576}, Device::cpu()),
-        expect_tensor(q, "q", DType::kBF16, {2, 16, 576}, Device::cuda(0))}) {
+  for (const Status& s : {expect_tensor(q, "q", DType::kF32, {2, 16, 576}, Device::cpu()),
+                          expect_tensor(q, "q", DType::kBF16, {2, 16 * 576}, Device::cpu()),
+                          expect_tensor(q, "q", DType::kBF16, {2, 16, 576}, Device::cuda(0))}) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     MLA_EXPECT_CONTAINS(s.message(), "q: expected");
     MLA_EXPECT_CONTAINS(s.message(), "bf16[2, 16, 576] on cpu");

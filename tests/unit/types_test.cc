@@ -1,5 +1,7 @@
 // bf16 and fp8 e4m3 conversions, checked against references built independently from the
 // format definitions (candidate search in double precision, not bit tricks).
+#include "mla/types.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,8 +10,6 @@
 #include <limits>
 #include <random>
 #include <vector>
-
-#include "mla/types.h"
 
 namespace mla {
 namespace {
@@ -34,8 +34,9 @@ uint16_t bf16_reference(float f) {
   const double v = f;
   const double dlo = std::fabs(v - static_cast<double>(bits_to_float(uint32_t{lo} << 16)));
   const float fhi = bits_to_float(uint32_t{hi} << 16);
-  const double dhi = std::isinf(fhi) ? std::fabs(v - std::copysign(std::ldexp(1.0, 128), v))  // as 2^128
-                                     : std::fabs(v - static_cast<double>(fhi));
+  const double dhi = std::isinf(fhi)
+                         ? std::fabs(v - std::copysign(std::ldexp(1.0, 128), v))  // as 2^128
+                         : std::fabs(v - static_cast<double>(fhi));
   if (dlo < dhi) return lo;
   if (dhi < dlo) return hi;
   return (lo & 1) ? hi : lo;
@@ -114,8 +115,8 @@ TEST(Fp8E4m3, DecodesEveryCode) {
       EXPECT_TRUE(std::isnan(f)) << c;
       continue;
     }
-    const double want = (c & 0x80) ? -values[static_cast<std::size_t>(mag)]
-                                   : values[static_cast<std::size_t>(mag)];
+    const double want =
+        (c & 0x80) ? -values[static_cast<std::size_t>(mag)] : values[static_cast<std::size_t>(mag)];
     EXPECT_EQ(static_cast<double>(f), want) << "code " << c;
     EXPECT_EQ(std::signbit(f), (c & 0x80) != 0) << "code " << c;
   }

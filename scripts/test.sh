@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# CPU test suite as CI runs it: installs what is missing, builds the `ci` preset (Release, no
+# CUDA, warnings as errors) and runs `ctest --preset ci`. Exits non-zero on any failure.
+# MLA_JOBS sets build and test parallelism (default: all cores).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+jobs="${MLA_JOBS:-$(nproc)}"
+
+"$root/scripts/setup.sh"
+cmake --preset ci
+cmake --build --preset ci --parallel "$jobs"
+ctest --preset ci --parallel "$jobs"
