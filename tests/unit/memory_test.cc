@@ -53,7 +53,8 @@ TEST(MemoryLedger, ZeroedBufferIsZero) {
   ASSERT_TRUE(buf.ok());
   const auto* p = buf->as<uint8_t>();
   EXPECT_TRUE(std::all_of(p, p + 4096, [](uint8_t b) { return b == 0; }));
-  const AllocationRecord* rec = find_record(MemoryLedger::global().snapshot(), buf->ledger_id());
+  const auto recs = MemoryLedger::global().snapshot();
+  const AllocationRecord* rec = find_record(recs, buf->ledger_id());
   ASSERT_NE(rec, nullptr);
   EXPECT_TRUE(rec->zeroed);
 }
