@@ -1,0 +1,136 @@
+// Shared helpers of the cpu ops: storage conversion, vectorisable dot/axpy, argument checks,
+// workspace carving and the plan blob header.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+
+#include "mla/ops.h"
+#include "mla/status.h"
+#include "mla/tensor.h"
+#include "mla/types.h"
+
+namespace mla::cpu {
+
+inline float bf16_to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Converts n bf16 values to float.
+inline void bf16_row_to_float(const uint16_t* src /* [n] */, int64_t n, float* dst /* [n] */) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+}
+
+// 256-entry decode table of fp8 e4m3 times `scale`.
+std::array<float, 256> fp8_table(float scale);
+
+// Dequantises one cache row of n values into float: bf16 as is (k_scale ignored), fp8 through
+// the table (which already holds value * k_scale).
+inline void cache_row_to_float(const void* cache, DType dtype, int64_t row, int64_t row_stride,
+                               int64_t n, const float* fp8_lut, float* dst /* [n] */) {
+  if (dtype == DType::kFP8E4M3) {
+    const uint8_t* src = static_cast<const uint8_t*>(cache) + row * row_stride;
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp8_lut[src[i]];
+  } else {
+    bf16_row_to_float(static_cast<const uint16_t*>(cache) + row * row_stride, n, dst);
+  }
+}
+
+// fp32 dot product with 16 independent lanes so the compiler vectorises without reassociation.
+inline float dot(const float* a /* [n] */, const float* b /* [n] */, int64_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float tail = 0.f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  float s = 0.f;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s + tail;
+}
+
+// y[0:n] += alpha * x[0:n]
+inline void axpy(float alpha, const float* x /* [n] */, float* y /* [n] */, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+inline uint16_t float_to_bf16_bits(float f) { return bf16::from_float(f).bits; }
+
+// Checks a view's inner dims are dense (stride 1 last, rows may be strided).
+Status expect_inner_dense(const TensorView& t, std::string_view name);
+
+// Bump allocator over a caller-provided workspace: 256-byte aligned named carves; running out
+// is kOutOfWorkspace naming the carve and the shortfall. With base == nullptr it only measures.
+class Carver {
+ public:
+  Carver(void* base, std::size_t bytes) : base_(static_cast<std::byte*>(base)), bytes_(bytes) {}
+  template <typename T>
+  StatusOr<T*> carve(std::string_view name, std::size_t count) {
+    const std::size_t off = (used_ + 255) / 256 * 256;
+    const std::size_t need = count * sizeof(T);
+    if (base_ != nullptr && off + need > bytes_) {
+      return make_status(StatusCode::kOutOfWorkspace,
+                         "workspace too small for '{}': need {} bytes at offset {}, have {} "
+                         "(short by {})",
+                         name, need, off, bytes_, off + need - bytes_);
+    }
+    used_ = off + need;
+    return base_ == nullptr ? static_cast<T*>(nullptr) : reinterpret_cast<T*>(base_ + off);
+  }
+  std::size_t used() const { return (used_ + 255) / 256 * 256; }
+
+ private:
+  std::byte* base_;
+  std::size_t bytes_;
+  std::size_t used_ = 0;
+};
+
+// Header at the start of every cpu plan blob.
+struct PlanHeader {
+  uint32_t magic = 0;   // per op
+  uint32_t version = 1;
+  int32_t batch_size = 0;
+  int32_t num_heads = 0;
+  int32_t page_size = 0;
+  int32_t causal = 0;
+  int64_t total_q = 0;
+  int64_t total_kv = 0;
+  int32_t max_q_len = 0;
+  int32_t max_kv_len = 0;
+};
+inline constexpr uint32_t kAbsorbedPlanMagic = 0x4d4c4141;  // "AALM"
+inline constexpr uint32_t kMhaPlanMagic = 0x4d4c414d;       // "MALM"
+
+// Online-softmax attention of `rows` query rows against one block of `nk` keys, all in fp32.
+// q [rows, dqk] (row stride q_stride); k [nk, dqk] (k_stride); v [nk, dv] (v_stride);
+// visible[r] = keys of this block row r may see (0..nk, keys past it are masked);
+// logits [rows, nk] scratch; acc [rows, dv], m [rows], l [rows] running state.
+void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const float* k,
+                  int64_t k_stride, const float* v, int64_t v_stride, int dv, int nk,
+                  const int* visible, float sm_scale, float* logits, float* acc, float* m,
+                  float* l);
+
+// Writes one finished row: o = acc / l as bf16 and *lse = m + log(l); a row with l == 0 (no
+// visible key) gets o = 0 and lse = -inf. lse may be null.
+void finish_row(const float* acc /* [dv] */, float m, float l, int dv, uint16_t* o /* [dv] */,
+                float* lse);
+
+// Factories of the cpu ops (one file each).
+std::shared_ptr<const AbsorbedAttentionOp> make_absorbed_op();
+std::shared_ptr<const MhaAttentionOp> make_mha_op();
+std::shared_ptr<const MergeOp> make_merge_op();
+std::shared_ptr<const KvWriteOp> make_kv_write_op();
+std::shared_ptr<const UpProjectOp> make_up_project_op();
+std::shared_ptr<const HeadGemmOp> make_head_gemm_op();
+
+}  // namespace mla::cpu

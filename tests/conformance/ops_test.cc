@@ -1,0 +1,318 @@
+// Edge cases and argument checks of the cpu ops, and the conformance runner's own failure
+// detection (a broken op must fail, an unsupported one must be skipped, never passed).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/case_gen.h"
+#include "common/conformance.h"
+#include "common/reference.h"
+#include "mla/ops.h"
+
+namespace mla::testing {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+const Device kCpu = Device::cpu();
+
+const OpSet& cpu_ops() {
+  const OpSet* s = OpRegistry::global().find("cpu");
+  EXPECT_NE(s, nullptr);
+  return *s;
+}
+
+// A small absorbed problem held in host vectors (the cpu device's memory is host memory).
+struct AbsorbedFixture {
+  std::vector<int32_t> q_lens, kv_lens;
+  PagedLayout layout;
+  LatentCache cache;
+  std::vector<bf16> q;
+  std::vector<bf16> o;
+  std::vector<float> lse;
+  std::vector<std::byte> plan, workspace;
+  AttnCapacity cap;
+  int heads = 16;
+
+  AbsorbedFixture(std::vector<int32_t> ql, std::vector<int32_t> kl, DType dt, float k_scale,
+                  uint64_t seed = 5, bool causal = true)
+      : q_lens(std::move(ql)), kv_lens(std::move(kl)) {
+    Rng rng(seed);
+    layout = make_paged_layout(kv_lens, 16, true, rng);
+    cache = make_latent_cache(layout, dt, k_scale, rng);
+    int64_t t = 0;
+    for (int32_t x : q_lens) t += x;
+    q = random_bf16(t * heads * 576, rng);
+    o.assign(t * heads * 512, bf16{0xFFFF});
+    lse.assign(t * heads, std::numeric_limits<float>::quiet_NaN());
+    cap.max_batch = static_cast<int>(q_lens.size());
+    cap.max_q_tokens = std::max<int64_t>(t, 1);
+    cap.max_q_len = 8;
+    cap.num_heads = heads;
+    plan.resize(cpu_ops().absorbed->plan_bytes(cap));
+    workspace.resize(cpu_ops().absorbed->workspace_bytes(cap));
+    AbsorbedProblem p;
+    p.num_heads = heads;
+    p.page_size = 16;
+    p.causal = causal;
+    p.req_rows = layout.req_rows;
+    p.q_lens = q_lens;
+    p.kv_lens = kv_lens;
+    EXPECT_TRUE(cpu_ops().absorbed->plan(p, cap, plan).ok());
+  }
+  AbsorbedArgs args(float k_scale) {
+    const int64_t t = static_cast<int64_t>(lse.size()) / heads;
+    AbsorbedArgs a;
+    a.q = TensorView(q.data(), DType::kBF16, kCpu, {t, heads, 576});
+    a.kv_cache = TensorView(cache.bytes.data(), cache.dtype, kCpu, {layout.num_slots, 576});
+    a.k_scale = k_scale;
+    a.req_to_token = TensorView(layout.req_to_token.data(), DType::kI32, kCpu,
+                                {layout.num_rows, layout.max_context_len});
+    a.o = TensorView(o.data(), DType::kBF16, kCpu, {t, heads, 512});
+    a.lse = TensorView(lse.data(), DType::kF32, kCpu, {t, heads});
+    a.sm_scale = 0.135234f;
+    a.plan = plan.data();
+    a.workspace = workspace.data();
+    a.workspace_bytes = workspace.size();
+    return a;
+  }
+};
+
+std::vector<uint16_t> bits_of(const std::vector<bf16>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+  return b;
+}
+
+TEST(CpuAbsorbed, Bf16CacheIgnoresKScale) {
+  // SYSTEM.md 7: a per-layer k scale was applied to a bf16 cache upstream. It must not be.
+  AbsorbedFixture f({1, 3}, {20, 40}, DType::kBF16, 1.0f);
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(1.0f), {}).ok());
+  const auto unscaled = bits_of(f.o);
+  const auto lse1 = f.lse;
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(2.5f), {}).ok());
+  EXPECT_EQ(bits_of(f.o), unscaled);
+  EXPECT_EQ(f.lse, lse1);
+}
+
+TEST(CpuAbsorbed, Fp8CacheAppliesKScale) {
+  AbsorbedFixture f({1, 2}, {17, 33}, DType::kFP8E4M3, 0.02f);
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(0.02f), {}).ok());
+  // Against the reference with the scale applied.
+  AbsorbedRefProblem rp;
+  rp.num_heads = f.heads;
+  rp.page_size = 16;
+  rp.sm_scale = 0.135234;
+  rp.cache_dtype = DType::kFP8E4M3;
+  rp.k_scale = 0.02f;
+  rp.row_stride = f.layout.max_context_len;
+  rp.req_to_token = f.layout.req_to_token;
+  rp.req_rows = f.layout.req_rows;
+  rp.q_lens = f.q_lens;
+  rp.kv_lens = f.kv_lens;
+  RefAttention ref = reference_absorbed(rp, to_float(f.q), f.cache.stored);
+  double err2 = 0, ref2 = 0;
+  for (std::size_t i = 0; i < ref.o.size(); ++i) {
+    err2 += std::pow(f.o[i].to_float() - ref.o[i], 2);
+    ref2 += ref.o[i] * ref.o[i];
+  }
+  EXPECT_LT(std::sqrt(err2 / ref2), 1e-2);
+  for (std::size_t i = 0; i < ref.lse.size(); ++i) EXPECT_NEAR(f.lse[i], ref.lse[i], 1e-2);
+  // A different scale changes the result (the scale is really used).
+  const auto scaled = bits_of(f.o);
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(1.0f), {}).ok());
+  EXPECT_NE(bits_of(f.o), scaled);
+}
+
+TEST(CpuAbsorbed, ZeroKeysGiveZeroOutputAndMinusInfLse) {
+  AbsorbedFixture f({2, 1}, {0, 5}, DType::kBF16, 1.0f, 9, /*causal=*/false);
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(1.0f), {}).ok());
+  for (int r = 0; r < 2 * f.heads; ++r) {
+    EXPECT_EQ(f.lse[r], -kInf);
+    for (int d = 0; d < 512; ++d) ASSERT_EQ(f.o[r * 512 + d].bits, 0) << "row " << r;
+  }
+  EXPECT_TRUE(std::isfinite(f.lse[2 * f.heads]));
+}
+
+TEST(CpuAbsorbed, PlanRejectsProblemsOverCapacity) {
+  AbsorbedFixture f({1}, {4}, DType::kBF16, 1.0f);
+  const auto& op = *cpu_ops().absorbed;
+  std::vector<int32_t> rows = {1, 2}, q = {1, 1}, kv = {4, 4};
+  AbsorbedProblem p;
+  p.num_heads = 16;
+  p.page_size = 16;
+  p.req_rows = rows;
+  p.q_lens = q;
+  p.kv_lens = kv;
+  StatusOr<std::size_t> r = op.plan(p, f.cap, f.plan);  // cap.max_batch is 1
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("batch size 2 exceeds capacity 1"), std::string::npos)
+      << r.status().message();
+  AttnCapacity big = f.cap;
+  big.max_batch = 2;
+  big.max_q_tokens = 2;
+  std::vector<int32_t> long_q = {9, 1}, long_kv = {9, 4};
+  p.q_lens = long_q;
+  p.kv_lens = long_kv;
+  big.max_q_tokens = 10;
+  std::vector<std::byte> blob(op.plan_bytes(big));
+  r = op.plan(p, big, blob);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("max_q_len"), std::string::npos) << r.status().message();
+  std::vector<int32_t> short_kv = {1, 0};
+  std::vector<int32_t> q2 = {2, 1};
+  p.q_lens = q2;
+  p.kv_lens = short_kv;
+  r = op.plan(p, big, blob);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("below q_lens"), std::string::npos) << r.status().message();
+  std::vector<std::byte> tiny(8);
+  p.q_lens = q;
+  p.kv_lens = kv;
+  r = op.plan(p, big, tiny);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("host_plan"), std::string::npos);
+}
+
+TEST(CpuAbsorbed, RunRejectsBadArgumentsAndSmallWorkspace) {
+  AbsorbedFixture f({1}, {4}, DType::kBF16, 1.0f);
+  const auto& op = *cpu_ops().absorbed;
+  AbsorbedArgs a = f.args(1.0f);
+  a.q.dtype = DType::kF32;
+  Status s = op.run(a, {});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("q:", 0), 0u) << s.message();
+  a = f.args(1.0f);
+  a.workspace_bytes = 1024;
+  s = op.run(a, {});
+  EXPECT_EQ(s.code(), StatusCode::kOutOfWorkspace) << s.to_string();
+  // A req_to_token entry pointing outside the cache is an error, not a read out of bounds.
+  f.layout.req_to_token[f.layout.req_rows[0] * f.layout.max_context_len] =
+      static_cast<int32_t>(f.layout.num_slots + 16);
+  s = op.run(f.args(1.0f), {});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("outside kv_cache"), std::string::npos) << s.message();
+}
+
+TEST(CpuMerge, EdgeCases) {
+  // Rows: (a only), (b only), (neither), (both equal lse).
+  const int rows = 4, dim = 3;
+  std::vector<bf16> o_acc(rows * dim), o_b(rows * dim);
+  for (int i = 0; i < rows * dim; ++i) {
+    o_acc[i] = bf16::from_float(1.0f + i);
+    o_b[i] = bf16::from_float(-2.0f - i);
+  }
+  std::vector<float> lse_acc = {0.5f, -kInf, -kInf, 1.0f}, lse_b = {-kInf, 2.0f, -kInf, 1.0f};
+  MergeArgs a;
+  a.o_acc = TensorView(o_acc.data(), DType::kBF16, kCpu, {rows, 1, dim});
+  a.lse_acc = TensorView(lse_acc.data(), DType::kF32, kCpu, {rows, 1});
+  a.o_b = TensorView(o_b.data(), DType::kBF16, kCpu, {rows, 1, dim});
+  a.lse_b = TensorView(lse_b.data(), DType::kF32, kCpu, {rows, 1});
+  ASSERT_TRUE(cpu_ops().merge->run(a, {}).ok());
+  for (int d = 0; d < dim; ++d) {
+    EXPECT_EQ(o_acc[0 * dim + d].to_float(), 1.0f + d);        // b empty: a unchanged
+    EXPECT_EQ(o_acc[1 * dim + d].to_float(), -2.0f - (3 + d));  // a empty: b
+    EXPECT_EQ(o_acc[2 * dim + d].bits, 0);                      // both empty: zero
+    EXPECT_NEAR(o_acc[3 * dim + d].to_float(), ((10.0f + d) + (-11.0f - d)) / 2, 1e-2);
+  }
+  EXPECT_FLOAT_EQ(lse_acc[0], 0.5f);
+  EXPECT_FLOAT_EQ(lse_acc[1], 2.0f);
+  EXPECT_EQ(lse_acc[2], -kInf);
+  EXPECT_NEAR(lse_acc[3], 1.0f + std::log(2.0f), 1e-6);
+}
+
+TEST(CpuKvWrite, RejectsOutOfRangeSlotAndWritesNothing) {
+  std::vector<bf16> c_kv(2 * 512, bf16::from_float(1.0f)), k_pe(2 * 64, bf16::from_float(1.0f));
+  std::vector<int32_t> loc = {3, 40};
+  std::vector<bf16> cache(32 * 576);
+  KvWriteArgs a;
+  a.c_kv = TensorView(c_kv.data(), DType::kBF16, kCpu, {2, 512});
+  a.k_pe = TensorView(k_pe.data(), DType::kBF16, kCpu, {2, 64});
+  a.out_cache_loc = TensorView(loc.data(), DType::kI32, kCpu, {2});
+  a.kv_cache = TensorView(cache.data(), DType::kBF16, kCpu, {32, 576});
+  Status s = cpu_ops().kv_write->run(a, {});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("out_cache_loc[1] = 40"), std::string::npos) << s.message();
+  for (const bf16& x : cache) ASSERT_EQ(x.bits, 0);
+}
+
+// ---- the runner detects broken ops ----
+
+class DropLastRowAbsorbed final : public AbsorbedAttentionOp {
+ public:
+  explicit DropLastRowAbsorbed(std::shared_ptr<const AbsorbedAttentionOp> inner, bool unsupported)
+      : inner_(std::move(inner)), unsupported_(unsupported) {}
+  Status supports(int h, int p, DType d) const override {
+    if (unsupported_) return unsupported("test op: pretends {} heads are unsupported", h);
+    return inner_->supports(h, p, d);
+  }
+  std::size_t plan_bytes(const AttnCapacity& c) const override { return inner_->plan_bytes(c); }
+  std::size_t workspace_bytes(const AttnCapacity& c) const override {
+    return inner_->workspace_bytes(c);
+  }
+  StatusOr<std::size_t> plan(const AbsorbedProblem& p, const AttnCapacity& c,
+                             std::span<std::byte> blob) const override {
+    return inner_->plan(p, c, blob);
+  }
+  Status run(const AbsorbedArgs& a, const ExecContext& ctx) const override {
+    // Runs into a copy, then copies back all but the last query row: that row stays poisoned.
+    const int64_t t = a.o.shape[0], row = a.o.shape[1] * a.o.shape[2];
+    std::vector<uint16_t> o(static_cast<std::size_t>(t * row));
+    AbsorbedArgs b = a;
+    b.o.data = o.data();
+    MLA_RETURN_IF_ERROR(inner_->run(b, ctx));
+    std::memcpy(a.o.data, o.data(), static_cast<std::size_t>((t - 1) * row) * 2);
+    return Status::Ok();
+  }
+
+ private:
+  std::shared_ptr<const AbsorbedAttentionOp> inner_;
+  bool unsupported_;
+};
+
+ConformanceCase small_absorbed_case() {
+  for (const auto& c : conformance_cases(ConformanceScope::kQuick)) {
+    if (c.op == OpKind::kAbsorbed && c.mode == "decode") return c;
+  }
+  return {};
+}
+
+TEST(ConformanceRunner, CpuPassesSmallCase) {
+  CaseResult r = run_conformance_case(cpu_ops(), small_absorbed_case(), kCpu);
+  EXPECT_TRUE(r.passed) << r.message;
+  EXPECT_FALSE(r.skipped);
+  EXPECT_GT(r.max_rel_err, 0.0);  // bf16 output rounding is visible: the comparison is real
+}
+
+TEST(ConformanceRunner, UnwrittenOutputFails) {
+  OpSet broken = cpu_ops();
+  broken.name = "broken";
+  broken.absorbed = std::make_shared<DropLastRowAbsorbed>(cpu_ops().absorbed, false);
+  CaseResult r = run_conformance_case(broken, small_absorbed_case(), kCpu);
+  EXPECT_FALSE(r.passed);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_NE(r.message.find("not written"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("seed"), std::string::npos) << r.message;
+}
+
+TEST(ConformanceRunner, UnsupportedIsSkippedNotPassed) {
+  OpSet odd = cpu_ops();
+  odd.name = "odd";
+  odd.absorbed = std::make_shared<DropLastRowAbsorbed>(cpu_ops().absorbed, true);
+  CaseResult r = run_conformance_case(odd, small_absorbed_case(), kCpu);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(r.passed);
+  EXPECT_NE(r.skip_reason.find("pretends"), std::string::npos);
+  OpSet empty;
+  empty.name = "empty";
+  r = run_conformance_case(empty, small_absorbed_case(), kCpu);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(r.passed);
+  StatusOr<bool> det = run_twice_bitwise_equal(odd, small_absorbed_case(), kCpu);
+  EXPECT_FALSE(det.ok());
+}
+
+}  // namespace
+}  // namespace mla::testing
