@@ -1,12 +1,219 @@
-// Placeholder until the subcommand lands.
-#include <cstdio>
+// `mla run`: the serving simulation (run_driver.h). Prints a table of tokens/s and time per
+// mode, planning and workspace figures, or one JSON object with --json.
+#include <unistd.h>
 
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_util.h"
 #include "commands.h"
+#include "run_driver.h"
 
 namespace mla::cli {
+namespace {
+
+using nlohmann::json;
+
+struct RunFlags {
+  RunConfig config;
+  std::string device = "cpu";
+  int requests = 32;
+  uint64_t seed = 1;
+  bool no_mixed = false;
+  bool json_out = false;
+  bool no_progress = false;
+};
+
+json report_json(const RunReport& r, const RunConfig& c) {
+  json tokens = json::object(), seconds = json::object(), batches = json::object(),
+       tok_s = json::object();
+  for (const auto& [mode, m] : r.modes) {
+    tokens[mode] = m.tokens;
+    seconds[mode] = m.seconds;
+    batches[mode] = m.batches;
+    tok_s[mode] = m.seconds > 0 ? static_cast<double>(m.tokens) / m.seconds : 0.0;
+  }
+  const auto& s = r.scheduler;
+  json j{{"backend", r.backend},
+         {"device", r.device},
+         {"model", r.model},
+         {"layers", r.layers},
+         {"page_size", c.page_size},
+         {"speculative", c.scheduler.speculative_tokens},
+         {"cuda_graph", c.cuda_graph},
+         {"piecewise_graph", c.piecewise_graph},
+         {"disable_chunked_prefix_cache", c.disable_chunked_prefix_cache},
+         {"workload", r.workload},
+         {"steps", r.steps},
+         {"wall_seconds", r.wall_seconds},
+         {"tokens", tokens},
+         {"seconds", seconds},
+         {"batches", batches},
+         {"tokens_per_second", tok_s},
+         {"workspaces", r.workspaces},
+         {"kv_pool_bytes", r.pool_bytes},
+         {"planning",
+          {{"init_forward_metadata_calls", r.planning.init_forward_metadata_calls},
+           {"absorbed_plans", r.planning.absorbed_plans},
+           {"mha_plans", r.planning.mha_plans},
+           {"mha_chunk_plans", r.planning.mha_chunk_plans},
+           {"mha_chunk_metadata_calls", r.planning.mha_chunk_metadata_calls},
+           {"mha_chunk_metadata_skipped", r.planning.mha_chunk_metadata_skipped},
+           {"chunks_planned", r.planning.chunks_planned},
+           {"fallbacks", r.planning.fallbacks},
+           {"graph_captures", r.graph_captures},
+           {"graph_replays", r.planning.graph_replays},
+           {"median_plan_ns", r.median_plan_ns}}},
+         {"scheduler",
+          {{"finished", s.finished},
+           {"max_batch_size", s.max_batch_size},
+           {"prefix_hits", s.prefix_hits},
+           {"prefix_hit_tokens", s.prefix_hit_tokens},
+           {"prefix_evictions", s.prefix_evictions},
+           {"prefill_chunks", s.prefill_chunks},
+           {"drafts_proposed", s.drafts_proposed},
+           {"drafts_accepted", s.drafts_accepted},
+           {"peak_used_pages", s.peak_used_pages}}}};
+  if (r.checked) {
+    json steps = json::array();
+    for (const CheckedStep& cs : r.checks) {
+      steps.push_back({{"step", cs.step}, {"mode", cs.mode}, {"batch_size", cs.batch_size},
+                       {"tokens", cs.tokens}, {"rel_err", cs.rel_err}});
+    }
+    j["check"] = {{"steps_checked", r.checks.size()}, {"max_rel_err", r.max_rel_err},
+                  {"tolerance", c.check_tolerance}, {"passed", r.check_passed},
+                  {"steps", steps}};
+  }
+  return j;
+}
+
+void print_report(const RunReport& r, const RunConfig& c) {
+  fmt::print("{} on {}, {} ({} layer{}), page size {}{}{}{}\n", r.backend, r.device, r.model,
+             r.layers, r.layers == 1 ? "" : "s", c.page_size,
+             c.scheduler.speculative_tokens
+                 ? fmt::format(", speculative {}", c.scheduler.speculative_tokens)
+                 : "",
+             c.cuda_graph ? ", graph replay for decode/verify" : "",
+             c.disable_chunked_prefix_cache ? ", chunked prefix cache off" : "");
+  fmt::print("workload: {}\n\n", r.workload);
+  fmt::print("{:<14} {:>8} {:>9} {:>10} {:>12}\n", "mode", "batches", "tokens", "seconds",
+             "tokens/s");
+  int64_t tokens = 0;
+  double secs = 0.0;
+  for (const auto& [mode, m] : r.modes) {
+    fmt::print("{:<14} {:>8} {:>9} {:>10.3f} {:>12.1f}\n", mode, m.batches, m.tokens, m.seconds,
+               m.seconds > 0 ? m.tokens / m.seconds : 0.0);
+    tokens += m.tokens;
+    secs += m.seconds;
+  }
+  fmt::print("{:<14} {:>8} {:>9} {:>10.3f} {:>12.1f}\n", "total", r.steps, tokens, secs,
+             secs > 0 ? tokens / secs : 0.0);
+  const auto& s = r.scheduler;
+  fmt::print("\nscheduler: {} requests finished, max batch {}, {} prefix hits ({} tokens shared), "
+             "{} prefill chunks, peak {} pages",
+             s.finished, s.max_batch_size, s.prefix_hits, s.prefix_hit_tokens, s.prefill_chunks,
+             s.peak_used_pages);
+  if (s.drafts_proposed) {
+    fmt::print(", drafts accepted {}/{}", s.drafts_accepted, s.drafts_proposed);
+  }
+  const auto& p = r.planning;
+  fmt::print("\nplanning: median {:.1f} us per batch; {} init_forward_metadata, {} absorbed / {} "
+             "mha / {} chunk plans, chunk metadata calls {} ({} skipped), {} fallbacks",
+             r.median_plan_ns / 1e3, p.init_forward_metadata_calls, p.absorbed_plans,
+             p.mha_plans, p.mha_chunk_plans, p.mha_chunk_metadata_calls,
+             p.mha_chunk_metadata_skipped, p.fallbacks);
+  if (c.cuda_graph) fmt::print(", {} graph captures, {} replays", r.graph_captures, p.graph_replays);
+  fmt::print("\n\nworkspace bytes outside the KV pool ({} in the pool):\n",
+             human_bytes(r.pool_bytes));
+  print_ledger_table(r.workspaces, "  ");
+  if (r.checked) {
+    fmt::print("\ncheck: {} steps against the double-precision reference, max rel err {:.3g} "
+               "(tolerance {:.3g}): {}\n",
+               r.checks.size(), r.max_rel_err, c.check_tolerance,
+               r.check_passed ? "PASSED" : "FAILED");
+    for (const CheckedStep& cs : r.checks) {
+      fmt::print("  step {:>4} {:<13} bs {:>3} tokens {:>5}  rel err {:.3g}\n", cs.step, cs.mode,
+                 cs.batch_size, cs.tokens, cs.rel_err);
+    }
+  }
+  fmt::print("\nwall time {:.2f} s\n", r.wall_seconds);
+}
+
+int run_run(RunFlags& f) {
+  RunConfig& c = f.config;
+  auto dev = parse_device(f.device);
+  if (!dev.ok()) return fail(dev.status());
+  c.device = *dev;
+  c.workload.num_requests = f.requests;
+  c.workload.seed = f.seed;
+  c.scheduler.seed = f.seed;
+  c.scheduler.enable_mixed = !f.no_mixed;
+  c.progress = !f.json_out && !f.no_progress;
+  auto report = run_simulation(c);
+  if (!report.ok()) return fail(report.status());
+  if (f.json_out) {
+    std::printf("%s\n", report_json(*report, c).dump(2).c_str());
+  } else {
+    print_report(*report, c);
+  }
+  if (c.check && !report->check_passed) {
+    std::fprintf(stderr, "mla run: --check failed (max rel err %.3g, tolerance %.3g, %zu steps)\n",
+                 report->max_rel_err, c.check_tolerance, report->checks.size());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
 CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
-  CLI::App* sub = app.add_subcommand("run", "(not implemented yet)");
-  sub->callback([runner] { *runner = [] { std::fputs("mla run: not implemented yet\n", stderr); return 2; }; });
+  auto f = std::make_shared<RunFlags>();
+  RunConfig& c = f->config;
+  CLI::App* sub = app.add_subcommand(
+      "run", "Serving simulation: drive a backend through a realistic stream of batches");
+  sub->add_option("--backend", c.backend, "paged_mla, chunked_mla or ondemand_mla")
+      ->capture_default_str();
+  sub->add_option("--device", f->device, "cpu, cuda, cuda:N")->capture_default_str();
+  sub->add_option("--model", c.model, "Model preset (mla info lists them)")->capture_default_str();
+  sub->add_option("--layers", c.layers, "Layers run per batch")->capture_default_str();
+  sub->add_option("--page-size", c.page_size, "1, 16, 32, 64 or 128")->capture_default_str();
+  sub->add_option("--requests", f->requests, "Requests of the embedded workload")
+      ->capture_default_str();
+  sub->add_option("--seed", f->seed, "Seed of the workload, inputs and accepted drafts")
+      ->capture_default_str();
+  sub->add_option("--speculative", c.scheduler.speculative_tokens,
+                  "Draft tokens per TARGET_VERIFY (0 = off); adds DRAFT_EXTEND batches")
+      ->capture_default_str();
+  sub->add_option("--trace", c.trace, "Replay a JSONL request trace (docs/trace-format.md)");
+  sub->add_option("--dump-trace", c.dump_trace, "Write the workload as a JSONL trace");
+  sub->add_option("--max-running", c.scheduler.max_running_requests, "Running requests at most")
+      ->capture_default_str();
+  sub->add_option("--max-batch-tokens", c.scheduler.max_batch_tokens,
+                  "New tokens per batch at most (chunked prefill)")
+      ->capture_default_str();
+  sub->add_option("--pool-tokens", c.pool_tokens, "KV pool capacity in tokens")
+      ->capture_default_str();
+  sub->add_option("--max-context-len", c.max_context_len, "Longest request (tokens)")
+      ->capture_default_str();
+  sub->add_flag("--no-mixed", f->no_mixed, "No MIXED batches (prefill and decode apart)");
+  sub->add_flag("--disable-chunked-prefix-cache", c.disable_chunked_prefix_cache,
+                "Backend option: no chunked prefix cache (chunked_mla falls back with a prefix)");
+  sub->add_flag("--piecewise-graph", c.piecewise_graph,
+                "Backend option: piecewise-graph mode (absorbed form for every extend)");
+  sub->add_flag("--cuda-graph", c.cuda_graph,
+                "Capture/replay metadata path for decode and verify batches");
+  sub->add_flag("--check", c.check,
+                "Compare sampled steps with the double-precision reference; exit 1 on failure");
+  sub->add_option("--check-steps", c.check_steps, "Steps compared with --check")
+      ->capture_default_str();
+  sub->add_option("--check-tolerance", c.check_tolerance,
+                  "Largest relative error ||o - ref|| / ||ref|| accepted")
+      ->capture_default_str();
+  sub->add_flag("--json", f->json_out, "Print one JSON object (no progress bar)");
+  sub->add_flag("--no-progress", f->no_progress, "No progress bar on stderr");
+  sub->callback([runner, f] { *runner = [f] { return run_run(*f); }; });
   return sub;
 }
+
 }  // namespace mla::cli

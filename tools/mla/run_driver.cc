@@ -1,0 +1,274 @@
+#include "run_driver.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <set>
+
+#include "mla/kv_pool.h"
+#include "mla/model.h"
+#include "run_layer.h"
+#include "sim_trace.h"
+
+namespace mla::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Reference cost (multiply-adds) above which a step is not checked: about a second on one core.
+constexpr double kMaxCheckCost = 1.5e9;
+
+// Graph batch sizes captured, as a serving engine does: 1, 2, 4, 8, then multiples of 8.
+int graph_bucket(int bs, int max_bs) {
+  int b = 1;
+  while (b < bs && b < 8) b *= 2;
+  if (bs > 8) b = (bs + 7) / 8 * 8;
+  return std::min(b, max_bs);
+}
+
+// A padded batch of graph size: request row 0, the fill seq_len, the dummy page's slot 0.
+ForwardBatch padded_graph_batch(ForwardMode mode, int padded_bs, int num_draft_tokens,
+                                int32_t fill) {
+  ForwardBatch b;
+  b.mode = mode;
+  b.batch_size = padded_bs;
+  b.num_draft_tokens = num_draft_tokens;
+  b.req_pool_indices.assign(static_cast<std::size_t>(padded_bs), 0);
+  b.seq_lens.assign(static_cast<std::size_t>(padded_bs), fill);
+  const int q = mode == ForwardMode::kTargetVerify ? num_draft_tokens : 1;
+  b.out_cache_loc.assign(static_cast<std::size_t>(padded_bs) * q, 0);
+  finalize_batch(b);
+  return b;
+}
+
+void add_stats(PlanningStats& into, const PlanningStats& s) {
+  into.init_forward_metadata_calls += s.init_forward_metadata_calls;
+  into.absorbed_plans += s.absorbed_plans;
+  into.mha_plans += s.mha_plans;
+  into.mha_chunk_plans += s.mha_chunk_plans;
+  into.fallbacks += s.fallbacks;
+  into.graph_replays += s.graph_replays;
+  into.graph_captures += s.graph_captures;
+  into.plan_ns_total += s.plan_ns_total;
+  into.mha_chunk_metadata_calls += s.mha_chunk_metadata_calls;
+  into.mha_chunk_metadata_skipped += s.mha_chunk_metadata_skipped;
+  into.chunks_planned += s.chunks_planned;
+}
+
+class Simulation {
+ public:
+  explicit Simulation(const RunConfig& c) : c_(c) {}
+  StatusOr<RunReport> run();
+
+ private:
+  Status setup();
+  Status run_step(const sim::Step& step);
+  // Plans the batch on `backend` (graph path for decode/verify on the target when asked) and
+  // returns the number of token rows the layers run.
+  StatusOr<int64_t> plan(AttentionBackend& backend, const ForwardBatch& batch, bool target);
+
+  const RunConfig& c_;
+  RunReport report_;
+  ModelDims model_;
+  std::unique_ptr<LatentKvPool> pool_;
+  std::unique_ptr<AttentionBackend> target_, draft_;
+  std::unique_ptr<SimLayer> layer_;
+  std::unique_ptr<sim::Scheduler> scheduler_;
+  std::set<int> captured_;
+  std::vector<double> plan_ns_;
+  std::set<ForwardMode> checked_modes_;
+  int graph_max_bs_ = 0;
+};
+
+Status Simulation::setup() {
+  MLA_CHECK_ARG(c_.layers >= 1, "--layers = {} must be >= 1", c_.layers);
+  MLA_CHECK_ARG(c_.pool_tokens >= c_.page_size, "--pool-tokens = {} is below one page of {}",
+                c_.pool_tokens, c_.page_size);
+  MLA_ASSIGN_OR_RETURN(model_, model_preset(c_.model));
+  MLA_CHECK_ARG(device_available(c_.device), "--device {} is not available{}",
+                c_.device.to_string(),
+                c_.device.is_cuda() && !built_with_cuda() ? " (built without CUDA)" : "");
+
+  std::vector<sim::RequestSpec> requests;
+  if (c_.trace.empty()) {
+    MLA_ASSIGN_OR_RETURN(requests, sim::generate_workload(c_.workload));
+  } else {
+    MLA_ASSIGN_OR_RETURN(requests, sim::load_trace(c_.trace));
+  }
+  report_.workload = (c_.trace.empty() ? "embedded: " : c_.trace + ": ") +
+                     sim::describe_workload(requests);
+  if (!c_.dump_trace.empty()) {
+    std::ofstream out(c_.dump_trace);
+    MLA_CHECK_ARG(out.good(), "--dump-trace \"{}\" cannot be written", c_.dump_trace);
+    for (const sim::RequestSpec& r : requests) out << sim::trace_line(r) << '\n';
+  }
+
+  const bool speculative = c_.scheduler.speculative_tokens > 0;
+  KvPoolConfig pc;
+  pc.num_layers = c_.layers + (speculative ? 1 : 0);  // the draft model's layer is the last one
+  pc.page_size = c_.page_size;
+  pc.num_pages = c_.pool_tokens / c_.page_size;
+  pc.max_requests = c_.scheduler.pool_rows();
+  pc.max_context_len = c_.max_context_len;
+  pc.latent_dim = model_.latent_dim();
+  pc.device = c_.device;
+  MLA_ASSIGN_OR_RETURN(pool_, LatentKvPool::create(pc));
+  report_.pool_bytes = static_cast<std::size_t>(pool_->num_slots()) * 576 * 2 * pc.num_layers;
+  MLA_ASSIGN_OR_RETURN(scheduler_,
+                       sim::Scheduler::create(pool_.get(), c_.scheduler, std::move(requests)));
+
+  BackendContext ctx;
+  ctx.pool = pool_.get();
+  ctx.options.model = model_;
+  ctx.options.device = c_.device;
+  ctx.options.disable_chunked_prefix_cache = c_.disable_chunked_prefix_cache;
+  ctx.options.piecewise_cuda_graph = c_.piecewise_graph;
+  ctx.options.max_batch = c_.scheduler.max_running_requests;
+  ctx.options.max_q_len = std::max(c_.scheduler.speculative_tokens, 1);
+  MLA_ASSIGN_OR_RETURN(target_, BackendRegistry::global().create(c_.backend, ctx));
+  if (speculative) {
+    MLA_ASSIGN_OR_RETURN(draft_, BackendRegistry::global().create(c_.backend, ctx));
+  }
+
+  const int q = std::max(c_.scheduler.speculative_tokens, 1);
+  graph_max_bs_ = c_.scheduler.max_running_requests;
+  if (c_.cuda_graph) {
+    MLA_RETURN_IF_ERROR(target_->init_cuda_graph_state(graph_max_bs_,
+                                                       static_cast<int64_t>(graph_max_bs_) * q));
+  }
+  const int64_t max_tokens = std::max<int64_t>(
+      c_.scheduler.max_batch_tokens, static_cast<int64_t>(graph_max_bs_) * q);
+  MLA_ASSIGN_OR_RETURN(layer_, SimLayer::create(model_, c_.device, pc.num_layers, max_tokens,
+                                                c_.workload.seed ^ 0x5eed));
+  return Status::Ok();
+}
+
+StatusOr<int64_t> Simulation::plan(AttentionBackend& backend, const ForwardBatch& batch,
+                                   bool target) {
+  const bool graph = target && c_.cuda_graph && (batch.mode == ForwardMode::kDecode ||
+                                                 batch.mode == ForwardMode::kTargetVerify);
+  const auto t0 = Clock::now();
+  int64_t rows = batch.num_tokens();
+  if (graph) {
+    const int padded = graph_bucket(batch.batch_size, graph_max_bs_);
+    // Graphs are captured per (bucket, mode); verify and decode differ in q_len.
+    const int key = padded * 2 + (batch.mode == ForwardMode::kTargetVerify ? 1 : 0);
+    if (!captured_.count(key)) {
+      const ForwardBatch pb = padded_graph_batch(batch.mode, padded, batch.num_draft_tokens,
+                                                 backend.cuda_graph_seq_len_fill_value());
+      MLA_RETURN_IF_ERROR(backend.init_forward_metadata_capture_cuda_graph(pb));
+      captured_.insert(key);
+      ++report_.graph_captures;
+    }
+    const auto t1 = Clock::now();
+    MLA_RETURN_IF_ERROR(backend.init_forward_metadata_replay_cuda_graph(batch, padded));
+    plan_ns_.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t1).count());
+    rows = static_cast<int64_t>(padded) *
+           (batch.mode == ForwardMode::kTargetVerify ? batch.num_draft_tokens : 1);
+    return rows;
+  }
+  MLA_RETURN_IF_ERROR(plan_batch(backend, batch));
+  plan_ns_.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+  return rows;
+}
+
+Status Simulation::run_step(const sim::Step& step) {
+  const ForwardBatch& batch = step.batch;
+  const auto t0 = Clock::now();
+  const bool on_draft = batch.mode == ForwardMode::kDraftExtend;
+  AttentionBackend& be = on_draft ? *draft_ : *target_;
+  double check_seconds = 0.0;
+  const bool want_check =
+      c_.check && static_cast<int>(report_.checks.size()) < c_.check_steps &&
+      SimLayer::check_cost(batch, model_.num_heads) <= kMaxCheckCost &&
+      (!checked_modes_.count(batch.mode) || step.index % 5 == 0);
+
+  auto run_layers = [&](AttentionBackend& backend, int first, int count, bool target) -> Status {
+    MLA_ASSIGN_OR_RETURN(const int64_t rows, plan(backend, batch, target));
+    for (int l = first; l < first + count; ++l) {
+      MLA_RETURN_IF_ERROR(layer_->forward(backend, l, rows));
+      if (l == first && want_check) {
+        const auto c0 = Clock::now();
+        MLA_ASSIGN_OR_RETURN(const double err, layer_->check(backend, batch, l));
+        check_seconds += seconds_since(c0);
+        report_.checks.push_back(CheckedStep{step.index, std::string(forward_mode_name(batch.mode)),
+                                             batch.batch_size, batch.num_tokens(), err});
+        report_.max_rel_err = std::max(report_.max_rel_err, err);
+        if (!(err <= c_.check_tolerance)) report_.check_passed = false;
+        checked_modes_.insert(batch.mode);
+      }
+    }
+    return Status::Ok();
+  };
+  if (on_draft) {
+    MLA_RETURN_IF_ERROR(run_layers(*draft_, c_.layers, 1, false));
+  } else {
+    MLA_RETURN_IF_ERROR(run_layers(be, 0, c_.layers, true));
+    // The draft model prefills what the target prefilled (its own KV layer).
+    if (draft_ && batch.mode == ForwardMode::kExtend) {
+      MLA_RETURN_IF_ERROR(run_layers(*draft_, c_.layers, 1, false));
+    }
+  }
+  MLA_RETURN_IF_ERROR(device_runtime(c_.device.type)->synchronize(nullptr));
+  ModeTotals& m = report_.modes[std::string(forward_mode_name(batch.mode))];
+  ++m.batches;
+  m.tokens += batch.num_tokens();
+  m.seconds += seconds_since(t0) - check_seconds;
+  return Status::Ok();
+}
+
+StatusOr<RunReport> Simulation::run() {
+  const auto t0 = Clock::now();
+  MLA_RETURN_IF_ERROR(setup());
+  report_.backend = c_.backend;
+  report_.device = c_.device.to_string();
+  report_.model = c_.model;
+  report_.layers = c_.layers;
+  report_.checked = c_.check;
+  Progress progress("mla run", static_cast<int64_t>(scheduler_->requests().size()), c_.progress);
+  while (!scheduler_->done()) {
+    MLA_ASSIGN_OR_RETURN(sim::Step step, scheduler_->next_step());
+    MLA_RETURN_IF_ERROR(run_step(step));
+    MLA_RETURN_IF_ERROR(scheduler_->complete_step(step));
+    progress.update(scheduler_->stats().finished,
+                    fmt::format("step {} {} bs {}", step.index, forward_mode_name(step.batch.mode),
+                                step.batch.batch_size));
+  }
+  progress.finish();
+  report_.steps = scheduler_->stats().steps;
+  report_.scheduler = scheduler_->stats();
+  add_stats(report_.planning, target_->planning_stats());
+  if (draft_) add_stats(report_.planning, draft_->planning_stats());
+  if (!plan_ns_.empty()) {
+    std::vector<double> v = plan_ns_;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    report_.median_plan_ns = v[v.size() / 2];
+  }
+  std::vector<AllocationRecord> live;
+  for (const AllocationRecord& r : MemoryLedger::global().snapshot()) {
+    // Backend workspaces and buffers only: not the simulation's activations and weights.
+    if (r.device == c_.device && r.owner.rfind("sim", 0) != 0 && r.owner != "activations") {
+      live.push_back(r);
+    }
+  }
+  report_.workspaces = ledger_json(live, /*skip_kv_pool=*/true);
+  MLA_RETURN_IF_ERROR(scheduler_->release_all());
+  report_.wall_seconds = seconds_since(t0);
+  if (c_.check && report_.checks.empty()) report_.check_passed = false;
+  return report_;
+}
+
+}  // namespace
+
+StatusOr<RunReport> run_simulation(const RunConfig& config) {
+  Simulation sim(config);
+  return sim.run();
+}
+
+}  // namespace mla::cli
