@@ -1,7 +1,12 @@
 #include "kernels/cpu/cpu_common.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+
+// The V8 helpers are always inlined into attend_block and its clone, so no vector value
+// crosses a call boundary; the ABI note GCC emits for them does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace mla::cpu {
 
@@ -27,36 +32,116 @@ Status expect_inner_dense(const TensorView& t, std::string_view name) {
   return Status::Ok();
 }
 
+namespace {
+
+// 8-float vectors (GCC/Clang vector extension): two SSE registers on baseline x86-64, one AVX
+// register in the x86-64-v3 clone of attend_block. Unaligned loads/stores through memcpy.
+typedef float V8 __attribute__((vector_size(32)));
+
+[[gnu::always_inline]] inline V8 load8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+[[gnu::always_inline]] inline void store8(float* p, V8 v) { std::memcpy(p, &v, sizeof(v)); }
+[[gnu::always_inline]] inline float hsum8(V8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vector
+
+// logits[r, i] (row stride lg_stride) = sm_scale * q[r] . k[i] for rows [r0, r0 + nr) (nr <= 4)
+// and keys [0, count). d must be a multiple of 8 (all MLA head dims are).
+[[gnu::always_inline]] inline void logits_rows(const float* q, int64_t q_stride, int r0, int nr,
+                                               int d, const float* k, int64_t k_stride, int count,
+                                               int lg_stride, float sm_scale, float* logits) {
+  const float* qr[kRowBlock];
+  for (int j = 0; j < kRowBlock; ++j) qr[j] = q + static_cast<int64_t>(r0 + std::min(j, nr - 1)) * q_stride;
+  for (int i = 0; i < count; ++i) {
+    const float* kr = k + i * k_stride;
+    V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    for (int x = 0; x < d; x += 8) {
+      const V8 kv = load8(kr + x);
+      a0 += load8(qr[0] + x) * kv;
+      a1 += load8(qr[1] + x) * kv;
+      a2 += load8(qr[2] + x) * kv;
+      a3 += load8(qr[3] + x) * kv;
+    }
+    const float s[kRowBlock] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
+    for (int j = 0; j < nr; ++j) logits[static_cast<int64_t>(r0 + j) * lg_stride + i] = sm_scale * s[j];
+  }
+}
+
+// acc[r] += sum_{i < count} p[r, i] * v[i] for rows [r0, r0 + nr); p rows have stride
+// p_stride and are zero past their own keys.
+[[gnu::always_inline]] inline void pv_rows(const float* p, int p_stride, int count, int r0, int nr,
+                                           const float* v, int64_t v_stride, int dv, float* acc) {
+  const float* pr[kRowBlock];
+  float* ar[kRowBlock];
+  for (int j = 0; j < kRowBlock; ++j) {
+    const int r = r0 + std::min(j, nr - 1);
+    pr[j] = p + static_cast<int64_t>(r) * p_stride;
+    ar[j] = acc + static_cast<int64_t>(r) * dv;
+  }
+  for (int x = 0; x < dv; x += 8) {
+    V8 a0 = load8(ar[0] + x), a1 = load8(ar[1] + x), a2 = load8(ar[2] + x), a3 = load8(ar[3] + x);
+    for (int i = 0; i < count; ++i) {
+      const V8 vv = load8(v + i * v_stride + x);
+      a0 += pr[0][i] * vv;
+      a1 += pr[1][i] * vv;
+      a2 += pr[2][i] * vv;
+      a3 += pr[3][i] * vv;
+    }
+    // Duplicated rows (nr < 4) computed the same values; store each distinct row once.
+    store8(ar[0] + x, a0);
+    if (nr > 1) store8(ar[1] + x, a1);
+    if (nr > 2) store8(ar[2] + x, a2);
+    if (nr > 3) store8(ar[3] + x, a3);
+  }
+}
+
+}  // namespace
+
+// Cloned for x86-64-v3 (AVX2 + FMA) with a baseline fallback chosen at load time: the hot loop
+// of both attention ops.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
 void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const float* k,
                   int64_t k_stride, const float* v, int64_t v_stride, int dv, int nk,
                   const int* visible, float sm_scale, float* logits, float* acc, float* m,
                   float* l) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int r = 0; r < rows; ++r) {
-    const int vis = std::min(visible[r], nk);
-    if (vis <= 0) continue;
-    float* lg = logits + static_cast<int64_t>(r) * nk;
-    const float* qr = q + r * q_stride;
-    float mx = kNegInf;
-    for (int i = 0; i < vis; ++i) {
-      lg[i] = sm_scale * dot(qr, k + i * k_stride, dqk);
-      mx = std::max(mx, lg[i]);
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int nr = std::min(kRowBlock, rows - r0);
+    int max_vis = 0;
+    for (int j = 0; j < nr; ++j) max_vis = std::max(max_vis, std::min(visible[r0 + j], nk));
+    if (max_vis == 0) continue;
+    logits_rows(q, q_stride, r0, nr, dqk, k, k_stride, max_vis, nk, sm_scale, logits);
+    // Online softmax per row; masked keys get p = 0 so the shared PV loop can run to max_vis.
+    for (int j = 0; j < nr; ++j) {
+      const int r = r0 + j;
+      const int vis = std::min(visible[r], nk);
+      float* lg = logits + static_cast<int64_t>(r) * nk;
+      float mx = kNegInf;
+      for (int i = 0; i < vis; ++i) mx = std::max(mx, lg[i]);
+      float* ar = acc + static_cast<int64_t>(r) * dv;
+      const float m_new = std::max(m[r], mx);
+      if (vis > 0 && m[r] != m_new) {
+        const float corr = m[r] == kNegInf ? 0.f : std::exp(m[r] - m_new);
+        for (int x = 0; x < dv; ++x) ar[x] *= corr;
+        l[r] *= corr;
+        m[r] = m_new;
+      }
+      float sum = 0.f;
+      for (int i = 0; i < vis; ++i) {
+        lg[i] = std::exp(lg[i] - m_new);
+        sum += lg[i];
+      }
+      for (int i = vis; i < max_vis; ++i) lg[i] = 0.f;
+      l[r] += sum;
     }
-    float* ar = acc + static_cast<int64_t>(r) * dv;
-    const float m_new = std::max(m[r], mx);
-    if (m[r] != m_new) {
-      const float corr = m[r] == kNegInf ? 0.f : std::exp(m[r] - m_new);
-      for (int d = 0; d < dv; ++d) ar[d] *= corr;
-      l[r] *= corr;
-      m[r] = m_new;
-    }
-    float sum = 0.f;
-    for (int i = 0; i < vis; ++i) {
-      lg[i] = std::exp(lg[i] - m_new);
-      sum += lg[i];
-    }
-    l[r] += sum;
-    for (int i = 0; i < vis; ++i) axpy(lg[i], v + i * v_stride, ar, dv);
+    pv_rows(logits, nk, max_vis, r0, nr, v, v_stride, dv, acc);
   }
 }
 

@@ -48,15 +48,14 @@ inline void cache_row_to_float(const void* cache, DType dtype, int64_t row, int6
 inline float dot(const float* a /* [n] */, const float* b /* [n] */, int64_t n) {
   constexpr int kLanes = 16;
   float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
+  const int64_t body = n - n % kLanes;
+  for (int64_t i = 0; i < body; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
   }
-  float tail = 0.f;
-  for (; i < n; ++i) tail += a[i] * b[i];
   float s = 0.f;
   for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s + tail;
+  for (int64_t i = body; i < n; ++i) s += a[i] * b[i];
+  return s;
 }
 
 // y[0:n] += alpha * x[0:n]
@@ -114,7 +113,8 @@ inline constexpr uint32_t kMhaPlanMagic = 0x4d4c414d;       // "MALM"
 // Online-softmax attention of `rows` query rows against one block of `nk` keys, all in fp32.
 // q [rows, dqk] (row stride q_stride); k [nk, dqk] (k_stride); v [nk, dv] (v_stride);
 // visible[r] = keys of this block row r may see (0..nk, keys past it are masked);
-// logits [rows, nk] scratch; acc [rows, dv], m [rows], l [rows] running state.
+// logits [rows, nk] scratch; acc [rows, dv], m [rows], l [rows] running state. dqk and dv must
+// be multiples of 8 (576, 512, 192, 128 are).
 void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const float* k,
                   int64_t k_stride, const float* v, int64_t v_stride, int dv, int nk,
                   const int* visible, float sm_scale, float* logits, float* acc, float* m,
