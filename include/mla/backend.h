@@ -72,6 +72,11 @@ struct PlanningStats {
   uint64_t fallbacks = 0;             // batches that took the parent's absorbed path
   uint64_t graph_replays = 0;
   uint64_t plan_ns_total = 0;
+  uint64_t graph_captures = 0;
+  uint64_t mha_chunk_metadata_calls = 0;    // init_mha_chunk_metadata calls received
+  uint64_t mha_chunk_metadata_skipped = 0;  // of those, returned without work (no fallback)
+  uint64_t chunks_planned = 0;              // prefix chunks planned in total
+  uint64_t plan_ns_last = 0;
 };
 
 class AttentionBackend {
@@ -108,7 +113,25 @@ class AttentionBackend {
   virtual int32_t cuda_graph_seq_len_fill_value() const { return 1; }
 
   virtual const PlanningStats& planning_stats() const = 0;
+
+  // ---- additions for layers and tools ----
+  // Writes the new tokens' latent rows of `layer` at the last planned batch's out_cache_loc
+  // (what forward_* does when save_kv_cache is set). c_kv bf16 [T, 512], k_pe bf16 [T, 64].
+  virtual Status save_kv_cache(int layer, const TensorView& c_kv, const TensorView& k_pe,
+                               const ExecContext& ctx) = 0;
+  // Device copy of the last planned batch's out_cache_loc, i32 [T] (graph: padded T), so a layer
+  // can up-project the just-written rows with UpProjectOp.
+  virtual TensorView out_cache_loc() const = 0;
+  // Whether the last planned batch took the fallback (chunked_mla / ondemand_mla only).
+  virtual bool fell_back() const { return false; }
+  // Median wall time of the last (up to 256) init_forward_metadata / replay calls, ns; 0 if none.
+  virtual double median_plan_ns() const = 0;
+  virtual LatentKvPool* pool() const = 0;
 };
+
+// Plans one batch the way a model runner does: init_forward_metadata, then
+// init_mha_chunk_metadata when the chosen method is chunked MHA.
+Status plan_batch(AttentionBackend& backend, const ForwardBatch& batch);
 
 // What a backend is built against.
 struct BackendContext {

@@ -1,0 +1,431 @@
+#include "backends/backend_base.h"
+
+#include <algorithm>
+
+#include "mla/memory.h"
+
+namespace mla::backends {
+namespace {
+
+constexpr int kLatentDim = 576;
+
+int64_t to_i64(std::size_t v) { return static_cast<int64_t>(v); }
+
+}  // namespace
+
+BackendBase::BackendBase(std::string name, const BackendContext& ctx, const OpSet* ops)
+    : name_(std::move(name)),
+      options_(ctx.options),
+      pool_(ctx.pool),
+      ops_(ops),
+      absorbed_plan_(name_ + ".absorbed_plan", name_, ctx.options.device),
+      mha_plan_(name_ + ".mha_plan", name_, ctx.options.device),
+      mha_chunk_plan_(name_ + ".mha_chunk_plan", name_, ctx.options.device),
+      indices_(name_ + ".out_cache_loc", name_, ctx.options.device),
+      mha_chunk_kv_(name_ + ".mha_chunk_kv", name_, ctx.options.device),
+      lse_(name_ + ".lse", name_, ctx.options.device) {}
+
+StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::string_view who) {
+  const BackendOptions& o = ctx.options;
+  MLA_CHECK_ARG(ctx.pool != nullptr, "{}: BackendContext.pool is null", who);
+  MLA_RETURN_IF_ERROR(o.model.validate());
+  const KvPoolConfig& pc = ctx.pool->config();
+  MLA_CHECK_ARG(pc.device == o.device, "{}: options.device = {} but the kv pool is on {}", who,
+                o.device.to_string(), pc.device.to_string());
+  MLA_CHECK_ARG(pc.latent_dim == o.model.latent_dim() && pc.latent_dim == kLatentDim,
+                "{}: kv pool latent_dim = {} but the model's kv_lora_rank + qk_rope_dim = {}",
+                who, pc.latent_dim, o.model.latent_dim());
+  MLA_CHECK_ARG(o.max_batch >= 1, "{}: options.max_batch = {} must be >= 1", who, o.max_batch);
+  MLA_CHECK_ARG(o.max_q_len >= 1, "{}: options.max_q_len = {} must be >= 1", who, o.max_q_len);
+  MLA_CHECK_ARG(o.chunked_prefix_capacity >= 1,
+                "{}: options.chunked_prefix_capacity = {} must be >= 1", who,
+                o.chunked_prefix_capacity);
+  const OpSet* ops = o.op_set.empty() ? OpRegistry::global().default_for(o.device.type)
+                                      : OpRegistry::global().find(o.op_set);
+  if (ops == nullptr) {
+    return unsupported("{}: no op set '{}' for device {}", who,
+                       o.op_set.empty() ? "<default>" : o.op_set, o.device.to_string());
+  }
+  MLA_CHECK_ARG(ops->device == o.device.type, "{}: op set '{}' is not for device {}", who,
+                ops->name, o.device.to_string());
+  return ops;
+}
+
+std::size_t BackendBase::absorbed_op_workspace_bytes(const AttnCapacity& cap) const {
+  return ops_->absorbed ? ops_->absorbed->workspace_bytes(cap) : 0;
+}
+
+Status BackendBase::validate(const ForwardBatch& batch) const {
+  return validate_batch(batch, pool_->batch_limits(options_.max_q_len));
+}
+
+BackendBase::PlanTimer::~PlanTimer() {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - t0_)
+                      .count();
+  b_->record_plan_ns(static_cast<uint64_t>(ns));
+}
+
+void BackendBase::record_plan_ns(uint64_t ns) {
+  stats_.plan_ns_total += ns;
+  stats_.plan_ns_last = ns;
+  plan_ns_ring_[plan_ns_count_ % plan_ns_ring_.size()] =
+      static_cast<uint32_t>(std::min<uint64_t>(ns, UINT32_MAX));
+  ++plan_ns_count_;
+}
+
+double BackendBase::median_plan_ns() const {
+  const std::size_t n = std::min<std::size_t>(plan_ns_count_, plan_ns_ring_.size());
+  if (n == 0) return 0.0;
+  median_scratch_.assign(plan_ns_ring_.begin(), plan_ns_ring_.begin() + to_i64(n));
+  auto mid = median_scratch_.begin() + to_i64(n / 2);
+  std::nth_element(median_scratch_.begin(), mid, median_scratch_.end());
+  return static_cast<double>(*mid);
+}
+
+Status BackendBase::upload(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  DeviceRuntime* rt = device_runtime(options_.device.type);
+  if (rt == nullptr) return unsupported("{}: no runtime for {}", name_, options_.device.to_string());
+  return rt->copy_to_device(dst, src, bytes, nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side of a batch: request rows, lengths and indptrs into reused vectors.
+Status BackendBase::collect(const ForwardBatch& batch) {
+  const int bs = batch.batch_size;
+  Host& h = host_;
+  h.req_rows.resize(bs);
+  h.q_lens.resize(bs);
+  h.kv_lens.resize(bs);
+  h.prefix_lens.resize(bs);
+  h.qo_indptr.resize(static_cast<std::size_t>(bs) + 1);
+  h.kv_indptr.resize(static_cast<std::size_t>(bs) + 1);
+  h.qo_indptr[0] = 0;
+  h.kv_indptr[0] = 0;
+  int max_q = 1;
+  bool prefix = false;
+  for (int b = 0; b < bs; ++b) {
+    h.req_rows[b] = batch.req_pool_indices[static_cast<std::size_t>(b)];
+    h.q_lens[b] = batch.q_len(b);
+    h.kv_lens[b] = batch.kv_len(b);
+    h.prefix_lens[b] = h.kv_lens[b] - h.q_lens[b];
+    h.qo_indptr[b + 1] = h.qo_indptr[b] + h.q_lens[b];
+    h.kv_indptr[b + 1] = h.kv_indptr[b] + h.kv_lens[b];
+    max_q = std::max(max_q, h.q_lens[b]);
+    prefix = prefix || h.prefix_lens[b] > 0;
+  }
+  batch_size_ = bs;
+  num_tokens_ = h.qo_indptr[bs];
+  kv_tokens_ = h.kv_indptr[bs];
+  max_q_len_ = max_q;
+  has_prefix_ = prefix;
+  return Status::Ok();
+}
+
+// Op scratch from the family's workspace: [reserved (never touched by ops) | op]. The measuring
+// pass and the carving pass run the same function, so size and layout cannot drift.
+Status BackendBase::layout_op_scratch(std::size_t op_bytes) {
+  const std::size_t reserved = reserved_workspace_bytes();
+  auto carve_all = [&](WorkspaceCarver& c) {
+    c.carve("reserved.counters", reserved);
+    return c.carve("ops", op_bytes);
+  };
+  WorkspaceCarver measure(name_);
+  carve_all(measure);
+  MLA_ASSIGN_OR_RETURN(WorkspaceView ws, op_workspace(measure.required_bytes()));
+  WorkspaceCarver carver(ws.name, ws.data, ws.bytes, ws.env_var);
+  scratch_.op = carve_all(carver);
+  scratch_.op_bytes = op_bytes;
+  scratch_.base = ws.data;
+  return carver.status();
+}
+
+Status BackendBase::layout_chunk_scratch(int64_t num_slots, int64_t kv_rows, int64_t tmp_tokens) {
+  const int64_t H = options_.model.num_heads;
+  const std::size_t up_bytes =
+      ops_->up_project ? ops_->up_project->workspace_bytes(kv_rows, static_cast<int>(H)) : 0;
+  auto carve_all = [&](WorkspaceCarver& c, ChunkScratch* s) {
+    s->slots = c.carve_as<int32_t>("slots", static_cast<std::size_t>(num_slots));
+    s->k = c.carve("k", static_cast<std::size_t>(kv_rows * H * 192 * 2));
+    s->v = c.carve("v", static_cast<std::size_t>(kv_rows * H * 128 * 2));
+    s->o_tmp = c.carve("o_tmp", static_cast<std::size_t>(tmp_tokens * H * 128 * 2));
+    s->lse_tmp = c.carve_as<float>("lse_tmp", static_cast<std::size_t>(tmp_tokens * H));
+    s->up_ws = c.carve("up_project", up_bytes);
+    s->up_ws_bytes = up_bytes;
+  };
+  WorkspaceCarver measure(mha_chunk_kv_.name());
+  ChunkScratch unused;
+  carve_all(measure, &unused);
+  MLA_RETURN_IF_ERROR(mha_chunk_kv_.reserve(measure.required_bytes()));
+  WorkspaceCarver carver(mha_chunk_kv_.name(), mha_chunk_kv_.data(), mha_chunk_kv_.capacity());
+  carve_all(carver, &chunk_scratch_);
+  return carver.status();
+}
+
+// ---------------------------------------------------------------------------------------------
+Status BackendBase::plan_absorbed(const AttnCapacity& cap, GrowableBuffer* eager_plan,
+                                  void* graph_plan) {
+  const AbsorbedAttentionOp* op = ops_->absorbed.get();
+  if (op == nullptr) return unsupported("{}: op set '{}' has no absorbed op", name_, ops_->name);
+  const KvPoolConfig& pc = pool_->config();
+  MLA_RETURN_IF_ERROR(op->supports(options_.model.num_heads, pc.page_size, pc.dtype));
+  AbsorbedProblem problem;
+  problem.num_heads = options_.model.num_heads;
+  problem.page_size = pc.page_size;
+  problem.causal = true;
+  problem.req_rows = host_.req_rows;
+  problem.q_lens = host_.q_lens;
+  problem.kv_lens = host_.kv_lens;
+  const std::size_t bytes = op->plan_bytes(cap);
+  host_.plan.resize(bytes);
+  MLA_ASSIGN_OR_RETURN(const std::size_t used, op->plan(problem, cap, host_.plan));
+  void* dst = graph_plan;
+  if (dst == nullptr) {
+    MLA_RETURN_IF_ERROR(eager_plan->reserve(bytes));
+    dst = eager_plan->data();
+  }
+  MLA_RETURN_IF_ERROR(upload(dst, host_.plan.data(), used));
+  absorbed_plan_dev_ = dst;
+  MLA_RETURN_IF_ERROR(layout_op_scratch(absorbed_op_workspace_bytes(cap)));
+  ++stats_.absorbed_plans;
+  return Status::Ok();
+}
+
+// The MHA pass over the new tokens: ragged causal among them, or (one-shot with a prefix) one
+// causal pass over the gathered prefix + new tokens.
+Status BackendBase::plan_mha_main(ForwardMethod method) {
+  const MhaAttentionOp* op = ops_->mha.get();
+  if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
+  MLA_RETURN_IF_ERROR(op->supports(options_.model.num_heads));
+  const bool gather = method == ForwardMethod::kMhaOneShot && has_prefix_;
+  MhaProblem problem;
+  problem.num_heads = options_.model.num_heads;
+  problem.causal = true;
+  problem.qo_indptr = host_.qo_indptr;
+  problem.kv_indptr = gather ? host_.kv_indptr : host_.qo_indptr;
+  mha_cap_ = AttnCapacity{batch_size_, num_tokens_, gather ? kv_tokens_ : num_tokens_, max_q_len_,
+                          options_.model.num_heads};
+  const std::size_t bytes = op->plan_bytes(mha_cap_);
+  host_.plan.resize(bytes);
+  MLA_ASSIGN_OR_RETURN(const std::size_t used, op->plan(problem, mha_cap_, host_.plan));
+  MLA_RETURN_IF_ERROR(mha_plan_.reserve(bytes));
+  MLA_RETURN_IF_ERROR(upload(mha_plan_.data(), host_.plan.data(), used));
+  MLA_RETURN_IF_ERROR(layout_op_scratch(op->workspace_bytes(mha_cap_)));
+  if (gather) {
+    // One-shot: every key of every request, read from the host req_to_token.
+    const KvPoolConfig& pc = pool_->config();
+    const auto& table = pool_->req_to_token_host();
+    host_.slots.resize(static_cast<std::size_t>(kv_tokens_));
+    int32_t* out = host_.slots.data();
+    for (int b = 0; b < batch_size_; ++b) {
+      for (int64_t i = 0; i < host_.kv_lens[b]; ++i) {
+        *out++ = static_cast<int32_t>(
+            slot_of_token(table.data(), pc.max_context_len, host_.req_rows[b], i, pc.page_size));
+      }
+    }
+    MLA_RETURN_IF_ERROR(layout_chunk_scratch(kv_tokens_, kv_tokens_, 0));
+    MLA_RETURN_IF_ERROR(upload(chunk_scratch_.slots, host_.slots.data(),
+                               host_.slots.size() * sizeof(int32_t)));
+  }
+  ++stats_.mha_plans;
+  return Status::Ok();
+}
+
+// Prefix chunks (SYSTEM.md 6): the planner, their slots, one non-causal MHA plan per chunk.
+Status BackendBase::plan_mha_chunks() {
+  const MhaAttentionOp* op = ops_->mha.get();
+  if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
+  const KvPoolConfig& pc = pool_->config();
+  MLA_RETURN_IF_ERROR(planning::plan_chunked_prefix(host_.prefix_lens,
+                                                    options_.chunked_prefix_capacity, &chunks_));
+  MLA_RETURN_IF_ERROR(planning::fill_chunk_kv_indices(
+      host_.req_rows, pool_->req_to_token_host(), pc.max_context_len, pc.page_size, &chunks_));
+  const int C = chunks_.num_chunks;
+  chunk_caps_.resize(C);
+  chunk_plan_offsets_.resize(C);
+  std::size_t total = 0;
+  // The ops carve of this batch may already serve the main pass (or an absorbed plan).
+  mha_cap_ = AttnCapacity{batch_size_, num_tokens_, num_tokens_, max_q_len_,
+                          options_.model.num_heads};
+  std::size_t op_ws = std::max(op->workspace_bytes(mha_cap_), scratch_.op_bytes);
+  int64_t max_rows = 0;
+  for (int c = 0; c < C; ++c) {
+    chunk_caps_[c] = AttnCapacity{batch_size_, num_tokens_, chunks_.num_tokens[c], max_q_len_,
+                                  options_.model.num_heads};
+    chunk_plan_offsets_[c] = total;
+    total = align_workspace(total + op->plan_bytes(chunk_caps_[c]));
+    op_ws = std::max(op_ws, op->workspace_bytes(chunk_caps_[c]));
+    max_rows = std::max(max_rows, chunks_.num_tokens[c]);
+  }
+  host_.plan.resize(total);
+  MhaProblem problem;
+  problem.num_heads = options_.model.num_heads;
+  problem.causal = false;
+  problem.qo_indptr = host_.qo_indptr;
+  for (int c = 0; c < C; ++c) {
+    problem.kv_indptr = chunks_.chunk_cu_len(c);
+    const std::size_t bytes = op->plan_bytes(chunk_caps_[c]);
+    MLA_ASSIGN_OR_RETURN(
+        const std::size_t used,
+        op->plan(problem, chunk_caps_[c],
+                 std::span<std::byte>(host_.plan.data() + chunk_plan_offsets_[c], bytes)));
+    (void)used;
+  }
+  if (total > 0) {
+    MLA_RETURN_IF_ERROR(mha_chunk_plan_.reserve(total));
+    MLA_RETURN_IF_ERROR(upload(mha_chunk_plan_.data(), host_.plan.data(), total));
+  }
+  MLA_RETURN_IF_ERROR(layout_op_scratch(op_ws));
+  if (C > 0) {
+    MLA_RETURN_IF_ERROR(layout_chunk_scratch(to_i64(chunks_.kv_indices.size()), max_rows,
+                                             num_tokens_));
+    MLA_RETURN_IF_ERROR(upload(chunk_scratch_.slots, chunks_.kv_indices.data(),
+                               chunks_.kv_indices.size() * sizeof(int32_t)));
+  }
+  ++stats_.mha_chunk_plans;
+  stats_.chunks_planned += static_cast<uint64_t>(C);
+  chunk_epoch_ = batch_epoch_;
+  return Status::Ok();
+}
+
+Status BackendBase::plan_prefix_chunks(const ForwardBatch& batch) {
+  MLA_RETURN_IF_ERROR(collect(batch));
+  return plan_mha_chunks();
+}
+
+Status BackendBase::plan_eager(const ForwardBatch& batch, ForwardMethod method, bool plan_chunks) {
+  ++batch_epoch_;
+  method_ = method;
+  MLA_RETURN_IF_ERROR(collect(batch));
+  const int64_t H = options_.model.num_heads;
+  MLA_RETURN_IF_ERROR(indices_.reserve(static_cast<std::size_t>(num_tokens_) * sizeof(int32_t)));
+  MLA_RETURN_IF_ERROR(upload(indices_.data(), batch.out_cache_loc.data(),
+                             batch.out_cache_loc.size() * sizeof(int32_t)));
+  out_cache_loc_dev_ = static_cast<const int32_t*>(indices_.data());
+  MLA_RETURN_IF_ERROR(lse_.reserve(static_cast<std::size_t>(num_tokens_ * H) * sizeof(float)));
+  lse_dev_ = static_cast<float*>(lse_.data());
+  if (batch.mode == ForwardMode::kIdle || num_tokens_ == 0) return Status::Ok();
+  if (method == ForwardMethod::kAbsorbed) {
+    const AttnCapacity cap{batch_size_, num_tokens_, 0, max_q_len_, static_cast<int>(H)};
+    return plan_absorbed(cap, &absorbed_plan_, nullptr);
+  }
+  MLA_RETURN_IF_ERROR(plan_mha_main(method));
+  if (method == ForwardMethod::kMhaChunked) {
+    if (!has_prefix_) {
+      chunks_.num_chunks = 0;
+      chunk_epoch_ = batch_epoch_;
+    } else if (plan_chunks) {
+      MLA_RETURN_IF_ERROR(plan_mha_chunks());
+    }
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs: static buffers sized once; capture and replay plan into them in place.
+Status BackendBase::init_cuda_graph_state(int max_bs, int64_t max_num_tokens) {
+  MLA_CHECK_ARG(max_bs >= 1, "{}: max_bs = {} must be >= 1", name_, max_bs);
+  MLA_CHECK_ARG(max_num_tokens >= max_bs,
+                "{}: max_num_tokens = {} must be >= max_bs = {} (one token per request at least)",
+                name_, max_num_tokens, max_bs);
+  const AbsorbedAttentionOp* op = ops_->absorbed.get();
+  if (op == nullptr) return unsupported("{}: op set '{}' has no absorbed op", name_, ops_->name);
+  const int H = options_.model.num_heads;
+  const int q_len = static_cast<int>((max_num_tokens + max_bs - 1) / max_bs);
+  graph_cap_ = AttnCapacity{max_bs, max_num_tokens, 0, q_len, H};
+  graph_ready_ = false;
+  const Device dev = options_.device;
+  MLA_ASSIGN_OR_RETURN(graph_plan_,
+                       DeviceBuffer::allocate(dev, op->plan_bytes(graph_cap_),
+                                              name_ + ".graph.absorbed_plan", name_, false));
+  MLA_ASSIGN_OR_RETURN(
+      graph_out_cache_loc_,
+      DeviceBuffer::allocate(dev, static_cast<std::size_t>(max_num_tokens) * sizeof(int32_t),
+                             name_ + ".graph.out_cache_loc", name_, false));
+  MLA_ASSIGN_OR_RETURN(
+      graph_lse_, DeviceBuffer::allocate(dev, static_cast<std::size_t>(max_num_tokens * H) * 4,
+                                         name_ + ".graph.lse", name_, false));
+  MLA_RETURN_IF_ERROR(layout_op_scratch(absorbed_op_workspace_bytes(graph_cap_)));
+  graph_workspace_base_ = scratch_.base;
+  // Host vectors big enough that capture and replay never allocate.
+  for (auto* v : {&host_.req_rows, &host_.q_lens, &host_.kv_lens, &host_.prefix_lens}) {
+    v->reserve(static_cast<std::size_t>(max_bs));
+  }
+  host_.qo_indptr.reserve(static_cast<std::size_t>(max_bs) + 1);
+  host_.kv_indptr.reserve(static_cast<std::size_t>(max_bs) + 1);
+  host_.out_cache_loc.reserve(static_cast<std::size_t>(max_num_tokens));
+  host_.plan.reserve(op->plan_bytes(graph_cap_));
+  graph_ready_ = true;
+  return Status::Ok();
+}
+
+// Plans `batch` padded to padded_bs requests into the static buffers. Padded requests: request
+// row 0, seq_len = fill value, the same q_len as the graph's requests, slots in the dummy page.
+Status BackendBase::plan_graph(const ForwardBatch& batch, int padded_bs) {
+  MLA_CHECK_ARG(graph_ready_, "{}: init_cuda_graph_state was not called", name_);
+  const ForwardMode m = batch.mode;
+  MLA_CHECK_ARG(m == ForwardMode::kDecode || m == ForwardMode::kTargetVerify ||
+                    m == ForwardMode::kDraftExtend,
+                "{}: graphs capture decode, target_verify and draft_extend batches, not {}",
+                name_, forward_mode_name(m));
+  MLA_RETURN_IF_ERROR(validate(batch));
+  const int bs = batch.batch_size;
+  MLA_CHECK_ARG(padded_bs >= bs && padded_bs <= graph_cap_.max_batch,
+                "{}: padded_bs = {} must be in [batch_size = {}, max_bs = {}]", name_, padded_bs,
+                bs, graph_cap_.max_batch);
+  ++batch_epoch_;
+  method_ = ForwardMethod::kAbsorbed;
+  fell_back_ = false;
+  MLA_RETURN_IF_ERROR(collect(batch));
+  const int32_t fill = cuda_graph_seq_len_fill_value();
+  const int32_t pad_q = m == ForwardMode::kTargetVerify ? batch.num_draft_tokens : 1;
+  Host& h = host_;
+  h.out_cache_loc.assign(batch.out_cache_loc.begin(), batch.out_cache_loc.end());
+  for (int b = bs; b < padded_bs; ++b) {
+    h.req_rows.push_back(0);
+    h.q_lens.push_back(pad_q);
+    h.kv_lens.push_back(m == ForwardMode::kTargetVerify ? fill + pad_q : std::max(fill, pad_q));
+    h.prefix_lens.push_back(h.kv_lens.back() - pad_q);
+    h.qo_indptr.push_back(h.qo_indptr.back() + pad_q);
+    h.kv_indptr.push_back(h.kv_indptr.back() + h.kv_lens.back());
+    for (int t = 0; t < pad_q; ++t) h.out_cache_loc.push_back(0);  // dummy page slot 0
+  }
+  batch_size_ = padded_bs;
+  num_tokens_ = h.qo_indptr.back();
+  kv_tokens_ = h.kv_indptr.back();
+  MLA_CHECK_ARG(num_tokens_ <= graph_cap_.max_q_tokens,
+                "{}: padded batch has {} tokens, the graph state was sized for {}", name_,
+                num_tokens_, graph_cap_.max_q_tokens);
+  MLA_RETURN_IF_ERROR(upload(graph_out_cache_loc_.data(), h.out_cache_loc.data(),
+                             h.out_cache_loc.size() * sizeof(int32_t)));
+  out_cache_loc_dev_ = graph_out_cache_loc_.as<int32_t>();
+  lse_dev_ = graph_lse_.as<float>();
+  MLA_RETURN_IF_ERROR(plan_absorbed(graph_cap_, nullptr, graph_plan_.data()));
+  if (scratch_.base != graph_workspace_base_) {
+    return internal_error(
+        "{}: the workspace moved after init_cuda_graph_state (an eager batch grew it); captured "
+        "graphs would read a freed buffer, capture them again",
+        name_);
+  }
+  return Status::Ok();
+}
+
+Status BackendBase::init_forward_metadata_capture_cuda_graph(const ForwardBatch& padded_batch) {
+  PlanTimer timer(this);
+  ++stats_.init_forward_metadata_calls;
+  MLA_RETURN_IF_ERROR(plan_graph(padded_batch, padded_batch.batch_size));
+  ++stats_.graph_captures;
+  return Status::Ok();
+}
+
+Status BackendBase::init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch,
+                                                            int padded_bs) {
+  PlanTimer timer(this);
+  ++stats_.init_forward_metadata_calls;
+  MLA_RETURN_IF_ERROR(plan_graph(batch, padded_bs));
+  ++stats_.graph_replays;
+  return Status::Ok();
+}
+
+}  // namespace mla::backends

@@ -1,0 +1,168 @@
+// The machinery the three backend families share: per-batch host planning into reused host
+// vectors, one upload into accounted device buffers, the absorbed path, the MHA paths (ragged,
+// one-shot, chunked prefix), the kv write and the static graph buffers. Families decide which
+// workspace backs the ops (op_workspace), which method a batch uses and when chunks are planned.
+// Device-agnostic: everything goes through the OpSet and the DeviceRuntime.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mla/backend.h"
+#include "mla/workspace.h"
+#include "planning/chunked_prefix.h"
+
+namespace mla::backends {
+
+// A window of a workspace handed to the ops.
+struct WorkspaceView {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  std::string_view name;     // "paged_mla.workspace"
+  std::string_view env_var;  // the variable that sizes it ("" for on-demand)
+};
+
+class BackendBase : public AttentionBackend {
+ public:
+  std::string_view name() const override { return name_; }
+  const BackendOptions& options() const override { return options_; }
+  ForwardMethod forward_method() const override { return method_; }
+  const PlanningStats& planning_stats() const override { return stats_; }
+  LatentKvPool* pool() const override { return pool_; }
+  double median_plan_ns() const override;
+
+  Status forward_decode(const AttentionInputs& in, const AttentionOutputs& out,
+                        const ExecContext& ctx) override;
+  Status forward_extend(const AttentionInputs& in, const AttentionOutputs& out,
+                        const ExecContext& ctx) override;
+  Status save_kv_cache(int layer, const TensorView& c_kv, const TensorView& k_pe,
+                       const ExecContext& ctx) override;
+  TensorView out_cache_loc() const override;
+
+  Status init_cuda_graph_state(int max_bs, int64_t max_num_tokens) override;
+  Status init_forward_metadata_capture_cuda_graph(const ForwardBatch& padded_batch) override;
+  Status init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch,
+                                                 int padded_bs) override;
+
+  const OpSet& ops() const { return *ops_; }
+  bool graph_ready() const { return graph_ready_; }
+
+ protected:
+  BackendBase(std::string name, const BackendContext& ctx, const OpSet* ops);
+  // Checks the context (pool, model, op set) shared by every family.
+  static StatusOr<const OpSet*> resolve_ops(const BackendContext& ctx, std::string_view who);
+
+  // The workspace the ops of a batch use: at least `needed` bytes (kOutOfWorkspace otherwise,
+  // or grown for on-demand families).
+  virtual StatusOr<WorkspaceView> op_workspace(std::size_t needed) = 0;
+  // Bytes at the start of the workspace that the ops never touch (chunked_mla's counters).
+  virtual std::size_t reserved_workspace_bytes() const { return 0; }
+  // Scratch the absorbed op gets for a capacity (ondemand_mla sizes its split-KV partials).
+  virtual std::size_t absorbed_op_workspace_bytes(const AttnCapacity& cap) const;
+
+  // Validates the batch against the pool (writes nothing on error).
+  Status validate(const ForwardBatch& batch) const;
+  // Eager planning of a validated batch for `method` into the growable buffers. Chunked MHA
+  // also plans the prefix chunks when plan_chunks is set (else init_mha_chunk_metadata does).
+  Status plan_eager(const ForwardBatch& batch, ForwardMethod method, bool plan_chunks);
+  // The chunked-prefix planner for the batch last planned by plan_eager.
+  Status plan_prefix_chunks(const ForwardBatch& batch);
+
+  // Timing and counting around a planning call.
+  class PlanTimer {
+   public:
+    explicit PlanTimer(BackendBase* b) : b_(b), t0_(std::chrono::steady_clock::now()) {}
+    ~PlanTimer();
+   private:
+    BackendBase* b_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+
+  std::string name_;
+  BackendOptions options_;
+  LatentKvPool* pool_ = nullptr;
+  const OpSet* ops_ = nullptr;
+  PlanningStats stats_;
+  ForwardMethod method_ = ForwardMethod::kAbsorbed;
+  bool fell_back_ = false;
+  uint64_t batch_epoch_ = 0;  // +1 per planned batch
+  uint64_t chunk_epoch_ = 0;  // batch_epoch_ the prefix chunks were planned for
+
+ private:
+  struct Host {  // reused across batches: no allocation once warm
+    std::vector<int32_t> req_rows, q_lens, kv_lens, prefix_lens, qo_indptr, kv_indptr;
+    std::vector<int32_t> out_cache_loc, slots, chunk_qo_indptr;
+    std::vector<std::byte> plan;
+  };
+  struct OpScratch {  // carved from op_workspace() for the batch last planned
+    void* op = nullptr;
+    std::size_t op_bytes = 0;
+    void* base = nullptr;  // workspace base the carve came from
+  };
+  struct ChunkScratch {  // carved from mha_chunk_kv_ (grown on demand)
+    int32_t* slots = nullptr;   // [num slots] chunk kv_indices or one-shot gather list
+    void* k = nullptr;          // bf16 [N, H, 192]
+    void* v = nullptr;          // bf16 [N, H, 128]
+    void* o_tmp = nullptr;      // bf16 [T, H, 128]
+    float* lse_tmp = nullptr;   // f32 [T, H]
+    void* up_ws = nullptr;
+    std::size_t up_ws_bytes = 0;
+  };
+
+  Status collect(const ForwardBatch& batch);  // fills host_ from the batch
+  Status layout_op_scratch(std::size_t op_bytes);
+  Status layout_chunk_scratch(int64_t num_slots, int64_t kv_rows, int64_t tmp_tokens);
+  Status upload(void* dst, const void* src, std::size_t bytes);
+  Status plan_absorbed(const AttnCapacity& cap, GrowableBuffer* eager_plan, void* graph_plan);
+  Status plan_mha_main(ForwardMethod method);
+  Status plan_mha_chunks();
+  StatusOr<TensorView> lse_view(const AttentionOutputs& out, int64_t tokens) const;
+  Status run_absorbed(const AttentionInputs& in, const AttentionOutputs& out,
+                      const ExecContext& ctx);
+  Status run_mha(const AttentionInputs& in, const AttentionOutputs& out, const ExecContext& ctx);
+  Status run_up_project(const AttentionInputs& in, const int32_t* slots, int64_t n,
+                        const ExecContext& ctx);
+  Status plan_graph(const ForwardBatch& batch, int padded_bs);
+  void record_plan_ns(uint64_t ns);
+
+  Host host_;
+  planning::ChunkedPrefixPlan chunks_;
+  int batch_size_ = 0;
+  int64_t num_tokens_ = 0;   // T of the last plan (graph: padded)
+  int64_t kv_tokens_ = 0;    // sum of kv_len
+  int max_q_len_ = 1;
+  bool has_prefix_ = false;
+  AttnCapacity mha_cap_;
+  std::vector<AttnCapacity> chunk_caps_;
+  std::vector<std::size_t> chunk_plan_offsets_;  // into mha_chunk_plan_
+  OpScratch scratch_;
+  ChunkScratch chunk_scratch_;
+
+  GrowableBuffer absorbed_plan_;   // "<name>.absorbed_plan"  plan_bytes(batch)
+  GrowableBuffer mha_plan_;        // "<name>.mha_plan"  ragged / one-shot plan
+  GrowableBuffer mha_chunk_plan_;  // "<name>.mha_chunk_plan"  one plan per prefix chunk
+  GrowableBuffer indices_;         // "<name>.out_cache_loc"  i32 [T]
+  GrowableBuffer mha_chunk_kv_;    // "<name>.mha_chunk_kv"  ChunkScratch
+  GrowableBuffer lse_;             // "<name>.lse"  f32 [T, H] when the caller wants no lse
+  float* lse_dev_ = nullptr;
+  const void* absorbed_plan_dev_ = nullptr;  // eager or graph plan of the last batch
+  const int32_t* out_cache_loc_dev_ = nullptr;
+
+  // Static graph state (init_cuda_graph_state): never reallocated by capture or replay.
+  bool graph_ready_ = false;
+  AttnCapacity graph_cap_;
+  DeviceBuffer graph_plan_;           // "<name>.graph.absorbed_plan"  plan_bytes(graph cap)
+  DeviceBuffer graph_out_cache_loc_;  // "<name>.graph.out_cache_loc"  i32 [max tokens]
+  DeviceBuffer graph_lse_;            // "<name>.graph.lse"  f32 [max tokens, H]
+  void* graph_workspace_base_ = nullptr;
+
+  std::array<uint32_t, 256> plan_ns_ring_{};
+  uint64_t plan_ns_count_ = 0;
+  mutable std::vector<uint32_t> median_scratch_;
+};
+
+}  // namespace mla::backends

@@ -1,0 +1,182 @@
+// The per-layer side of BackendBase: kv write, absorbed attention and the MHA paths. Reads only
+// what planning prepared; allocates nothing and never syncs (so it can be graph-captured).
+#include "backends/backend_base.h"
+
+namespace mla::backends {
+namespace {
+
+TensorView view(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape) {
+  return TensorView(data, dtype, device, shape);
+}
+
+}  // namespace
+
+TensorView BackendBase::out_cache_loc() const {
+  return view(const_cast<int32_t*>(out_cache_loc_dev_), DType::kI32, options_.device,
+              {num_tokens_});
+}
+
+Status BackendBase::save_kv_cache(int layer, const TensorView& c_kv, const TensorView& k_pe,
+                                  const ExecContext& ctx) {
+  const KvWriteOp* op = ops_->kv_write.get();
+  if (op == nullptr) return unsupported("{}: op set '{}' has no kv_write op", name_, ops_->name);
+  const KvPoolConfig& pc = pool_->config();
+  MLA_CHECK_ARG(layer >= 0 && layer < pc.num_layers, "{}: layer = {} is outside 0..{}", name_,
+                layer, pc.num_layers - 1);
+  const Device dev = options_.device;
+  MLA_RETURN_IF_ERROR(expect_tensor(c_kv, "c_kv", DType::kBF16, {num_tokens_, 512}, dev, false));
+  MLA_RETURN_IF_ERROR(expect_tensor(k_pe, "k_pe", DType::kBF16, {num_tokens_, 64}, dev, false));
+  if (num_tokens_ == 0) return Status::Ok();
+  KvWriteArgs args;
+  args.c_kv = c_kv;
+  args.k_pe = k_pe;
+  args.out_cache_loc = out_cache_loc();
+  args.kv_cache = pool_->layer_cache(layer);
+  // The per-layer scale is only meaningful for an fp8 cache (SYSTEM.md 7).
+  args.k_scale = pc.dtype == DType::kFP8E4M3 ? pool_->k_scale(layer) : 1.0f;
+  return op->run(args, ctx);
+}
+
+StatusOr<TensorView> BackendBase::lse_view(const AttentionOutputs& out, int64_t tokens) const {
+  const int64_t H = options_.model.num_heads;
+  if (out.lse.data != nullptr) {
+    MLA_RETURN_IF_ERROR(expect_tensor(out.lse, "lse", DType::kF32, {tokens, H}, options_.device));
+    return out.lse;
+  }
+  return view(lse_dev_, DType::kF32, options_.device, {tokens, H});
+}
+
+Status BackendBase::forward_decode(const AttentionInputs& in, const AttentionOutputs& out,
+                                   const ExecContext& ctx) {
+  MLA_CHECK_ARG(method_ == ForwardMethod::kAbsorbed,
+                "{}: forward_decode needs an absorbed plan, the batch was planned for {}", name_,
+                forward_method_name(method_));
+  return run_absorbed(in, out, ctx);
+}
+
+Status BackendBase::forward_extend(const AttentionInputs& in, const AttentionOutputs& out,
+                                   const ExecContext& ctx) {
+  if (method_ == ForwardMethod::kAbsorbed) return run_absorbed(in, out, ctx);
+  return run_mha(in, out, ctx);
+}
+
+Status BackendBase::run_absorbed(const AttentionInputs& in, const AttentionOutputs& out,
+                                 const ExecContext& ctx) {
+  const int64_t T = num_tokens_;
+  const int64_t H = options_.model.num_heads;
+  const Device dev = options_.device;
+  MLA_RETURN_IF_ERROR(expect_tensor(in.q_absorbed, "q_absorbed", DType::kBF16, {T, H, 576}, dev));
+  MLA_RETURN_IF_ERROR(expect_tensor(out.o_latent, "o_latent", DType::kBF16, {T, H, 512}, dev));
+  MLA_ASSIGN_OR_RETURN(TensorView lse, lse_view(out, T));
+  if (in.save_kv_cache) MLA_RETURN_IF_ERROR(save_kv_cache(in.layer, in.c_kv, in.k_pe, ctx));
+  if (T == 0) return Status::Ok();
+  const KvPoolConfig& pc = pool_->config();
+  MLA_CHECK_ARG(in.layer >= 0 && in.layer < pc.num_layers, "{}: layer = {} is outside 0..{}",
+                name_, in.layer, pc.num_layers - 1);
+  AbsorbedArgs args;
+  args.q = in.q_absorbed;
+  args.kv_cache = pool_->layer_cache(in.layer);
+  args.k_scale = pc.dtype == DType::kFP8E4M3 ? pool_->k_scale(in.layer) : 1.0f;
+  args.req_to_token = pool_->req_to_token();
+  args.o = out.o_latent;
+  args.lse = lse;
+  args.sm_scale = options_.model.sm_scale;
+  args.plan = absorbed_plan_dev_;
+  args.workspace = scratch_.op;
+  args.workspace_bytes = scratch_.op_bytes;
+  return ops_->absorbed->run(args, ctx);
+}
+
+Status BackendBase::run_up_project(const AttentionInputs& in, const int32_t* slots, int64_t n,
+                                   const ExecContext& ctx) {
+  const UpProjectOp* op = ops_->up_project.get();
+  if (op == nullptr) return unsupported("{}: op set '{}' has no up_project op", name_, ops_->name);
+  const int64_t H = options_.model.num_heads;
+  const Device dev = options_.device;
+  MLA_RETURN_IF_ERROR(
+      expect_tensor(in.kv_b_proj, "kv_b_proj", DType::kBF16, {H * 256, 512}, dev));
+  const KvPoolConfig& pc = pool_->config();
+  UpProjectArgs args;
+  args.kv_cache = pool_->layer_cache(in.layer);
+  args.k_scale = pc.dtype == DType::kFP8E4M3 ? pool_->k_scale(in.layer) : 1.0f;
+  args.slots = view(const_cast<int32_t*>(slots), DType::kI32, dev, {n});
+  args.kv_b_proj = in.kv_b_proj;
+  args.k = view(chunk_scratch_.k, DType::kBF16, dev, {n, H, 192});
+  args.v = view(chunk_scratch_.v, DType::kBF16, dev, {n, H, 128});
+  args.workspace = chunk_scratch_.up_ws;
+  args.workspace_bytes = chunk_scratch_.up_ws_bytes;
+  return op->run(args, ctx);
+}
+
+// MHA forms. Chunked: causal among the new tokens into (o, lse), then for every prefix chunk:
+// gather + up-project its rows, non-causal attention of all new tokens against it (a request
+// with no rows in the chunk gets o = 0, lse = -inf from the op itself), merge into (o, lse).
+Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& out,
+                            const ExecContext& ctx) {
+  const MhaAttentionOp* op = ops_->mha.get();
+  if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
+  const int64_t T = num_tokens_;
+  const int64_t H = options_.model.num_heads;
+  const Device dev = options_.device;
+  const bool chunked = method_ == ForwardMethod::kMhaChunked && has_prefix_;
+  const bool gather = method_ == ForwardMethod::kMhaOneShot && has_prefix_;
+  if (chunked) {
+    MLA_CHECK_ARG(chunk_epoch_ == batch_epoch_,
+                  "{}: the prefix chunks of this batch were not planned; call "
+                  "init_mha_chunk_metadata after init_forward_metadata",
+                  name_);
+  }
+  MLA_RETURN_IF_ERROR(expect_tensor(in.q, "q", DType::kBF16, {T, H, 192}, dev));
+  MLA_RETURN_IF_ERROR(expect_tensor(out.o, "o", DType::kBF16, {T, H, 128}, dev));
+  if (!gather) {
+    MLA_RETURN_IF_ERROR(expect_tensor(in.k, "k", DType::kBF16, {T, H, 192}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(in.v, "v", DType::kBF16, {T, H, 128}, dev));
+  }
+  MLA_ASSIGN_OR_RETURN(TensorView lse, lse_view(out, T));
+  if (in.save_kv_cache) MLA_RETURN_IF_ERROR(save_kv_cache(in.layer, in.c_kv, in.k_pe, ctx));
+  if (T == 0) return Status::Ok();
+
+  MhaArgs args;
+  args.q = in.q;
+  args.o = out.o;
+  args.lse = lse;
+  args.sm_scale = options_.model.sm_scale;
+  args.plan = mha_plan_.data();
+  args.workspace = scratch_.op;
+  args.workspace_bytes = scratch_.op_bytes;
+  if (gather) {
+    MLA_RETURN_IF_ERROR(run_up_project(in, chunk_scratch_.slots, kv_tokens_, ctx));
+    args.k = view(chunk_scratch_.k, DType::kBF16, dev, {kv_tokens_, H, 192});
+    args.v = view(chunk_scratch_.v, DType::kBF16, dev, {kv_tokens_, H, 128});
+  } else {
+    args.k = in.k;
+    args.v = in.v;
+  }
+  MLA_RETURN_IF_ERROR(op->run(args, ctx));
+  if (!chunked) return Status::Ok();
+
+  const MergeOp* merge = ops_->merge.get();
+  if (merge == nullptr) return unsupported("{}: op set '{}' has no merge op", name_, ops_->name);
+  const TensorView o_tmp = view(chunk_scratch_.o_tmp, DType::kBF16, dev, {T, H, 128});
+  const TensorView lse_tmp = view(chunk_scratch_.lse_tmp, DType::kF32, dev, {T, H});
+  for (int c = 0; c < chunks_.num_chunks; ++c) {
+    const int64_t n = chunks_.num_tokens[c];
+    MLA_RETURN_IF_ERROR(run_up_project(in, chunk_scratch_.slots + chunks_.kv_offsets[c], n, ctx));
+    MhaArgs chunk = args;
+    chunk.k = view(chunk_scratch_.k, DType::kBF16, dev, {n, H, 192});
+    chunk.v = view(chunk_scratch_.v, DType::kBF16, dev, {n, H, 128});
+    chunk.o = o_tmp;
+    chunk.lse = lse_tmp;
+    chunk.plan = static_cast<const std::byte*>(mha_chunk_plan_.data()) + chunk_plan_offsets_[c];
+    MLA_RETURN_IF_ERROR(op->run(chunk, ctx));
+    MergeArgs m;
+    m.o_acc = out.o;
+    m.lse_acc = lse;
+    m.o_b = o_tmp;
+    m.lse_b = lse_tmp;
+    MLA_RETURN_IF_ERROR(merge->run(m, ctx));
+  }
+  return Status::Ok();
+}
+
+}  // namespace mla::backends

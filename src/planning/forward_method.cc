@@ -1,0 +1,54 @@
+#include "planning/forward_method.h"
+
+#include <algorithm>
+
+namespace mla::planning {
+namespace {
+
+bool is_plain_extend(ForwardMode m) { return m == ForwardMode::kExtend || m == ForwardMode::kMixed; }
+
+int64_t prefix_sum(const ForwardBatch& batch) {
+  int64_t sum = 0;
+  const int n = std::min<int>(batch.batch_size, static_cast<int>(batch.extend_prefix_lens.size()));
+  for (int b = 0; b < n; ++b) sum += batch.extend_prefix_lens[static_cast<std::size_t>(b)];
+  return sum;
+}
+
+}  // namespace
+
+bool batch_has_prefix(const ForwardBatch& batch) {
+  if (!is_plain_extend(batch.mode)) return false;
+  const int n = std::min<int>(batch.batch_size, static_cast<int>(batch.extend_prefix_lens.size()));
+  for (int b = 0; b < n; ++b) {
+    if (batch.extend_prefix_lens[static_cast<std::size_t>(b)] > 0) return true;
+  }
+  return false;
+}
+
+bool fallback_possible(const BackendOptions& options) {
+  return options.disable_chunked_prefix_cache || options.piecewise_cuda_graph;
+}
+
+bool should_fall_back(const BackendOptions& options, const ForwardBatch& batch) {
+  if (!is_plain_extend(batch.mode)) return false;
+  return (options.disable_chunked_prefix_cache && batch_has_prefix(batch)) ||
+         options.piecewise_cuda_graph;
+}
+
+ForwardMethod choose_forward_method(BackendFamily family, const BackendOptions& options,
+                                    const ForwardBatch& batch) {
+  if (!is_plain_extend(batch.mode)) return ForwardMethod::kAbsorbed;
+  if (family != BackendFamily::kPagedMla) {
+    return should_fall_back(options, batch) ? ForwardMethod::kAbsorbed
+                                            : ForwardMethod::kMhaChunked;
+  }
+  if (options.piecewise_cuda_graph) return ForwardMethod::kAbsorbed;
+  const bool has_prefix = batch_has_prefix(batch);
+  const bool mha = !has_prefix || (prefix_sum(batch) >= options.mha_prefix_threshold &&
+                                   !options.disable_chunked_prefix_cache);
+  if (!mha) return ForwardMethod::kAbsorbed;
+  return batch.seq_lens_sum <= options.chunked_prefix_capacity ? ForwardMethod::kMhaOneShot
+                                                               : ForwardMethod::kMhaChunked;
+}
+
+}  // namespace mla::planning

@@ -1,0 +1,229 @@
+// Seed requirements: which workspaces each backend allocates and when, the skipped
+// init_mha_chunk_metadata, fallback decisions per batch, out-of-workspace errors.
+#include <gtest/gtest.h>
+
+#include "backends/backend_fixture.h"
+#include "backends/chunked_mla/chunked_mla.h"
+#include "backends/ondemand_mla/ondemand_mla.h"
+#include "backends/paged_mla/paged_mla.h"
+
+namespace mla {
+namespace {
+
+using backends::ChunkedMlaBackend;
+using backends::OndemandMlaBackend;
+using backends::PagedMlaBackend;
+
+class BackendResources : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WorkspaceRegistry::global().release_all_for_testing();
+    pool_ = testing::make_pool({});
+    ASSERT_NE(pool_, nullptr);
+    ctx_.pool = pool_.get();
+    ctx_.options = testing::small_options();
+  }
+  void TearDown() override { WorkspaceRegistry::global().release_all_for_testing(); }
+
+  std::unique_ptr<AttentionBackend> make(std::string_view name) {
+    auto b = BackendRegistry::global().create(name, ctx_);
+    EXPECT_TRUE(b.ok()) << b.status().to_string();
+    return b.ok() ? std::move(b).value() : nullptr;
+  }
+
+  std::unique_ptr<LatentKvPool> pool_;
+  BackendContext ctx_;
+  testing::Rng rng_{testing::base_seed()};
+};
+
+TEST_F(BackendResources, RegistryListsTheThreeFamilies) {
+  const auto names = BackendRegistry::global().names();
+  EXPECT_EQ(names, (std::vector<std::string>{"paged_mla", "chunked_mla", "ondemand_mla"}));
+  for (const auto& n : names) EXPECT_FALSE(BackendRegistry::global().description(n).empty());
+  auto bad = BackendRegistry::global().create("flash_mla", ctx_);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("paged_mla"), std::string::npos);
+}
+
+TEST_F(BackendResources, TwoPagedMlaInstancesShareOneWorkspace) {
+  auto target = PagedMlaBackend::create(ctx_, "paged_mla.target");
+  auto draft = PagedMlaBackend::create(ctx_, "paged_mla.draft");
+  ASSERT_TRUE(target.ok() && draft.ok());
+  EXPECT_EQ((*target)->workspace().data(), (*draft)->workspace().data());
+  EXPECT_EQ(testing::ledger_count_prefix("paged_mla.workspace"), 1);
+  EXPECT_EQ(testing::ledger_bytes("paged_mla.workspace"), ctx_.options.paged_workspace_bytes);
+}
+
+TEST_F(BackendResources, ChunkedMlaAllocatesNoPagedWorkspaceWithoutPossibleFallback) {
+  auto b = make("chunked_mla");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(testing::ledger_bytes("paged_mla.workspace"), 0u);
+  EXPECT_EQ(testing::ledger_bytes("chunked_mla.workspace"), ctx_.options.chunked_workspace_bytes);
+  for (const auto& r : MemoryLedger::global().snapshot()) {
+    if (r.name == "chunked_mla.workspace") {
+      EXPECT_TRUE(r.zeroed);
+    }
+  }
+  EXPECT_EQ(static_cast<ChunkedMlaBackend*>(b.get())->parent(), nullptr);
+}
+
+TEST_F(BackendResources, ChunkedMlaCreatesFallbackResourcesAtConstruction) {
+  for (int variant = 0; variant < 2; ++variant) {
+    WorkspaceRegistry::global().release_all_for_testing();
+    ctx_.options.disable_chunked_prefix_cache = variant == 0;
+    ctx_.options.piecewise_cuda_graph = variant == 1;
+    auto b = make("chunked_mla");
+    ASSERT_NE(b, nullptr);
+    // Before any batch or graph capture: the parent's workspace exists already.
+    EXPECT_EQ(testing::ledger_bytes("paged_mla.workspace"), ctx_.options.paged_workspace_bytes);
+    EXPECT_NE(static_cast<ChunkedMlaBackend*>(b.get())->parent(), nullptr);
+    // Planning a fallback batch allocates no further workspace.
+    ForwardBatch batch = testing::make_batch(*pool_, {ForwardMode::kExtend, {32, 0}, {4, 3}}, rng_);
+    ASSERT_TRUE(b->init_forward_metadata(batch).ok());
+    EXPECT_TRUE(b->fell_back());
+    EXPECT_EQ(testing::ledger_count_prefix("paged_mla.workspace"), 1);
+    testing::free_batch(*pool_, batch);
+  }
+}
+
+TEST_F(BackendResources, OndemandMlaAllocatesNeitherParentWorkspaceAndGrowsOnDemand) {
+  ctx_.options.disable_chunked_prefix_cache = true;  // even with a possible fallback
+  ctx_.options.max_q_len = 64;
+  auto created = OndemandMlaBackend::create(ctx_);
+  ASSERT_TRUE(created.ok());
+  auto& b = **created;
+  EXPECT_EQ(testing::ledger_bytes("paged_mla.workspace"), 0u);
+  EXPECT_EQ(testing::ledger_bytes("chunked_mla.workspace"), 0u);
+  EXPECT_EQ(testing::ledger_bytes("ondemand_mla.workspace"), 0u);  // nothing before first use
+  EXPECT_EQ(b.parent(), nullptr);
+
+  ForwardBatch decode = testing::make_batch(*pool_, {ForwardMode::kDecode, {10, 20}, {}}, rng_);
+  ASSERT_TRUE(b.init_forward_metadata(decode).ok());
+  EXPECT_EQ(b.workspace().grow_count(), 1u);
+  EXPECT_GE(b.workspace().capacity(), b.split_kv_bytes(1));
+  const std::size_t after_decode = b.workspace().capacity();
+  ASSERT_TRUE(b.init_forward_metadata(decode).ok());  // same need: no growth
+  EXPECT_EQ(b.workspace().grow_count(), 1u);
+
+  // A verify batch whose q_len makes the split-KV partials exceed what decode needed.
+  const int q_len = static_cast<int>(after_decode / b.split_kv_bytes(1)) + 1;
+  ASSERT_LE(q_len, ctx_.options.max_q_len);
+  ForwardBatch verify =
+      testing::make_batch(*pool_, {ForwardMode::kTargetVerify, {5, 7}, {}, q_len}, rng_);
+  ASSERT_TRUE(b.init_forward_metadata(verify).ok());
+  EXPECT_EQ(b.workspace().grow_count(), 2u);
+  EXPECT_GE(b.workspace().capacity(), b.split_kv_bytes(q_len));
+  EXPECT_GT(b.workspace().capacity(), after_decode);
+  ASSERT_TRUE(b.init_forward_metadata(decode).ok());  // smaller again: never shrinks or regrows
+  EXPECT_EQ(b.workspace().grow_count(), 2u);
+  // A fallback extend runs on the own workspace: still no parent workspace.
+  ForwardBatch ext = testing::make_batch(*pool_, {ForwardMode::kExtend, {16}, {2}}, rng_);
+  ASSERT_TRUE(b.init_forward_metadata(ext).ok());
+  EXPECT_TRUE(b.fell_back());
+  EXPECT_EQ(testing::ledger_bytes("paged_mla.workspace"), 0u);
+  EXPECT_EQ(testing::ledger_bytes("chunked_mla.workspace"), 0u);
+}
+
+TEST_F(BackendResources, ChunkedInitMhaChunkMetadataDoesNoWorkOutsideFallback) {
+  auto b = make("chunked_mla");
+  ASSERT_NE(b, nullptr);
+  ForwardBatch batch = testing::make_batch(*pool_, {ForwardMode::kExtend, {40, 3}, {5, 2}}, rng_);
+  ASSERT_TRUE(b->init_forward_metadata(batch).ok());
+  EXPECT_EQ(b->forward_method(), ForwardMethod::kMhaChunked);
+  const PlanningStats before = b->planning_stats();
+  EXPECT_EQ(before.mha_chunk_plans, 1u);  // its own chunks, planned in init_forward_metadata
+  const uint64_t allocs = MemoryLedger::global().allocation_count();
+  ASSERT_TRUE(b->init_mha_chunk_metadata(batch).ok());
+  ASSERT_TRUE(b->init_mha_chunk_metadata(batch, /*disable_ragged=*/true).ok());
+  const PlanningStats& after = b->planning_stats();
+  EXPECT_EQ(after.mha_chunk_plans, before.mha_chunk_plans);
+  EXPECT_EQ(after.mha_plans, before.mha_plans);
+  EXPECT_EQ(after.absorbed_plans, before.absorbed_plans);
+  EXPECT_EQ(after.chunks_planned, before.chunks_planned);
+  EXPECT_EQ(after.mha_chunk_metadata_calls, 2u);
+  EXPECT_EQ(after.mha_chunk_metadata_skipped, 2u);
+  EXPECT_EQ(MemoryLedger::global().allocation_count(), allocs);
+}
+
+TEST_F(BackendResources, ChunkedFallbackDelegatesToParentPlannerWhenPresent) {
+  ctx_.options.disable_chunked_prefix_cache = true;
+  auto created = ChunkedMlaBackend::create(ctx_);
+  ASSERT_TRUE(created.ok());
+  auto& b = **created;
+  ASSERT_NE(b.parent(), nullptr);
+  ForwardBatch batch = testing::make_batch(*pool_, {ForwardMode::kExtend, {40, 3}, {5, 2}}, rng_);
+  ASSERT_TRUE(b.init_forward_metadata(batch).ok());
+  EXPECT_TRUE(b.fell_back());
+  EXPECT_EQ(b.forward_method(), ForwardMethod::kAbsorbed);
+  const uint64_t parent_chunks = b.parent()->planning_stats().mha_chunk_plans;
+  ASSERT_TRUE(b.init_mha_chunk_metadata(batch, /*disable_ragged=*/true).ok());
+  EXPECT_EQ(b.parent()->planning_stats().mha_chunk_plans, parent_chunks + 1);
+  EXPECT_EQ(b.planning_stats().mha_chunk_metadata_skipped, 0u);
+}
+
+TEST_F(BackendResources, ChunkedFallbackWithoutParentPlannerDoesNotCrash) {
+  ctx_.options.disable_chunked_prefix_cache = true;
+  auto created = ChunkedMlaBackend::create(ctx_, ChunkedMlaBackend::ParentPolicy::kNever);
+  ASSERT_TRUE(created.ok());
+  auto& b = **created;
+  EXPECT_EQ(b.parent(), nullptr);
+  EXPECT_EQ(testing::ledger_bytes("paged_mla.workspace"), 0u);
+  ForwardBatch batch = testing::make_batch(*pool_, {ForwardMode::kExtend, {40}, {5}}, rng_);
+  EXPECT_TRUE(b.init_mha_chunk_metadata(batch, true).ok());
+  EXPECT_TRUE(b.init_mha_chunk_metadata(batch, false).ok());
+  EXPECT_EQ(b.planning_stats().mha_chunk_plans, 0u);
+  // Planning the fallback itself needs the parent: a clear error, not a crash.
+  const Status s = b.init_forward_metadata(batch);
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_NE(s.message().find("paged_mla"), std::string::npos);
+}
+
+TEST_F(BackendResources, FallbackDecisionDoesNotLeakIntoTheNextVerifyBatch) {
+  ctx_.options.disable_chunked_prefix_cache = true;
+  for (std::string_view name : {"chunked_mla", "ondemand_mla"}) {
+    auto b = make(name);
+    ASSERT_NE(b, nullptr);
+    ForwardBatch ext = testing::make_batch(*pool_, {ForwardMode::kExtend, {24}, {3}}, rng_);
+    ASSERT_TRUE(b->init_forward_metadata(ext).ok());
+    EXPECT_TRUE(b->fell_back()) << name;
+    ForwardBatch verify =
+        testing::make_batch(*pool_, {ForwardMode::kTargetVerify, {9, 4}, {}, 2}, rng_);
+    ASSERT_TRUE(b->init_forward_metadata(verify).ok());
+    EXPECT_FALSE(b->fell_back()) << name;
+    EXPECT_EQ(b->planning_stats().fallbacks, 1u) << name;
+    EXPECT_EQ(b->forward_method(), ForwardMethod::kAbsorbed);
+    // And chunk metadata for the verify batch is skipped, not delegated.
+    const uint64_t skipped = b->planning_stats().mha_chunk_metadata_skipped;
+    ASSERT_TRUE(b->init_mha_chunk_metadata(verify).ok());
+    EXPECT_EQ(b->planning_stats().mha_chunk_metadata_skipped, skipped + 1);
+    testing::free_batch(*pool_, ext);
+    testing::free_batch(*pool_, verify);
+  }
+}
+
+TEST_F(BackendResources, TooSmallPagedWorkspaceIsOutOfWorkspace) {
+  ctx_.options.paged_workspace_bytes = 256;  // the cpu absorbed op needs per-thread scratch
+  auto b = make("paged_mla");
+  ASSERT_NE(b, nullptr);
+  ForwardBatch decode = testing::make_batch(*pool_, {ForwardMode::kDecode, {10, 20}, {}}, rng_);
+  const Status s = b->init_forward_metadata(decode);
+  ASSERT_EQ(s.code(), StatusCode::kOutOfWorkspace) << s.to_string();
+  EXPECT_NE(s.message().find("paged_mla.workspace"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("more"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(kPagedWorkspaceEnv), std::string::npos) << s.message();
+}
+
+TEST_F(BackendResources, MalformedBatchIsRejectedBeforePlanning) {
+  auto b = make("paged_mla");
+  ASSERT_NE(b, nullptr);
+  ForwardBatch batch = testing::make_batch(*pool_, {ForwardMode::kDecode, {10}, {}}, rng_);
+  batch.seq_lens[0] = 100000;
+  batch.seq_lens_sum = 100000;
+  const Status s = b->init_forward_metadata(batch);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("seq_lens[0]"), std::string::npos) << s.message();
+  EXPECT_EQ(b->planning_stats().absorbed_plans, 0u);
+}
+
+}  // namespace
+}  // namespace mla
