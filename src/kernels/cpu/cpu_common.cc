@@ -102,12 +102,34 @@ constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vect
 
 }  // namespace
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MLA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define MLA_CPU_CLONES
+#endif
+
+MLA_CPU_CLONES float dot(const float* a, const float* b, int64_t n) {
+  V8 acc0 = {}, acc1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 += load8(a + i) * load8(b + i);
+    acc1 += load8(a + i + 8) * load8(b + i + 8);
+  }
+  for (; i + 8 <= n; i += 8) acc0 += load8(a + i) * load8(b + i);
+  float s = hsum8(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+MLA_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8(y + i, load8(y + i) + alpha * load8(x + i));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
 // Cloned for x86-64-v3 (AVX2 + FMA) with a baseline fallback chosen at load time: the hot loop
 // of both attention ops.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-#endif
-void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const float* k,
+MLA_CPU_CLONES void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const float* k,
                   int64_t k_stride, const float* v, int64_t v_stride, int dv, int nk,
                   const int* visible, float sm_scale, float* logits, float* acc, float* m,
                   float* l) {

@@ -44,24 +44,10 @@ inline void cache_row_to_float(const void* cache, DType dtype, int64_t row, int6
   }
 }
 
-// fp32 dot product with 16 independent lanes so the compiler vectorises without reassociation.
-inline float dot(const float* a /* [n] */, const float* b /* [n] */, int64_t n) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  const int64_t body = n - n % kLanes;
-  for (int64_t i = 0; i < body; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float s = 0.f;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  for (int64_t i = body; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
+// fp32 dot product and axpy, vectorised (8-wide lanes; x86-64-v3 clone where available).
+float dot(const float* a /* [n] */, const float* b /* [n] */, int64_t n);
 // y[0:n] += alpha * x[0:n]
-inline void axpy(float alpha, const float* x /* [n] */, float* y /* [n] */, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
+void axpy(float alpha, const float* x /* [n] */, float* y /* [n] */, int64_t n);
 
 inline uint16_t float_to_bf16_bits(float f) { return bf16::from_float(f).bits; }
 
