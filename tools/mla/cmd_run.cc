@@ -18,7 +18,7 @@ using nlohmann::json;
 struct RunFlags {
   RunConfig config;
   std::string device = "cpu";
-  int requests = 32;
+  int requests = 24;
   uint64_t seed = 1;
   bool no_mixed = false;
   bool json_out = false;

@@ -35,7 +35,7 @@ struct RunConfig {
   bool cuda_graph = false;           // capture/replay metadata path for decode and verify
   bool check = false;
   int check_steps = 6;               // steps compared with the reference (--check)
-  double check_tolerance = 2e-2;     // max relative error ||o - ref|| / ||ref|| allowed
+  double check_tolerance = 1e-2;     // max relative error ||o - ref|| / ||ref|| allowed
   bool progress = true;
 };
 

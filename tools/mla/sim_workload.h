@@ -33,18 +33,18 @@ struct RequestSpec {
 //  - output_len: log-normal, median output_median, sigma output_sigma, clamped to
 //    [output_min, output_max].
 struct WorkloadConfig {
-  int num_requests = 32;
+  int num_requests = 24;
   uint64_t seed = 1;
   double arrival_rate = 0.5;  // requests per step after the burst
   int initial_burst = 8;
-  double prompt_median = 192.0;
+  double prompt_median = 128.0;
   double prompt_sigma = 0.7;
   int32_t prompt_min = 8;
   int32_t prompt_max = 2048;
   double prefix_hit_prob = 0.5;
   int prefix_groups = 2;
-  int32_t prefix_len_min = 128;
-  int32_t prefix_len_max = 320;
+  int32_t prefix_len_min = 64;
+  int32_t prefix_len_max = 256;
   double output_median = 24.0;
   double output_sigma = 0.5;
   int32_t output_min = 4;
