@@ -1,0 +1,142 @@
+// Host planning benchmark: init_forward_metadata per backend and mode on the cpu device, and
+// graph replay planning. Heap allocations per plan are counted by replacing the global
+// operator new in this binary. Run: build/<dir>/bench/mla_bench_planning
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "common/case_gen.h"
+#include "mla/backend.h"
+#include "mla/kv_pool.h"
+#include "mla/workspace.h"
+
+namespace {
+std::atomic<uint64_t> g_allocs{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace mla {
+namespace {
+
+constexpr int kMaxRequests = 256;
+constexpr int kContext = 1024;
+constexpr int kPageSize = 64;
+
+LatentKvPool& pool() {
+  static std::unique_ptr<LatentKvPool> p = [] {
+    KvPoolConfig c;
+    c.num_layers = 1;
+    c.page_size = kPageSize;
+    c.max_requests = kMaxRequests;
+    c.max_context_len = kContext;
+    c.num_pages = static_cast<int64_t>(kMaxRequests) * kContext / kPageSize;
+    return std::move(LatentKvPool::create(c)).value();
+  }();
+  return *p;
+}
+
+// Requests 1..bs with random lengths (decode: seq_len in [64, 1000]; extend: given prefix).
+ForwardBatch build_batch(ForwardMode mode, int bs, int32_t prefix, int32_t extend) {
+  testing::Rng rng(42);
+  LatentKvPool& p = pool();
+  ForwardBatch b;
+  b.mode = mode;
+  b.batch_size = bs;
+  for (int i = 0; i < bs; ++i) {
+    const int row = *p.alloc_request();
+    const int32_t pre =
+        mode == ForwardMode::kDecode ? static_cast<int32_t>(rng.uniform_int(64, 1000)) : prefix;
+    const int32_t fresh = mode == ForwardMode::kDecode ? 1 : extend;
+    std::vector<int32_t> slots;
+    p.extend_request(row, pre + fresh, &slots).ignore();
+    b.req_pool_indices.push_back(row);
+    b.seq_lens.push_back(pre + fresh);
+    b.out_cache_loc.insert(b.out_cache_loc.end(), slots.end() - fresh, slots.end());
+    if (mode != ForwardMode::kDecode) {
+      b.extend_prefix_lens.push_back(pre);
+      b.extend_seq_lens.push_back(fresh);
+    }
+  }
+  finalize_batch(b);
+  return b;
+}
+
+void release(const ForwardBatch& b) {
+  for (int32_t r : b.req_pool_indices) pool().free_request(r).ignore();
+}
+
+std::unique_ptr<AttentionBackend> make_backend(const char* name) {
+  BackendContext ctx;
+  ctx.pool = &pool();
+  ctx.options.device = Device::cpu();
+  ctx.options.chunked_prefix_capacity = 2048;
+  return std::move(BackendRegistry::global().create(name, ctx)).value();
+}
+
+// args: backend index, mode (0 decode, 1 extend with prefix chunking, 2 graph replay), batch.
+void BM_Plan(benchmark::State& state) {
+  static const char* kNames[] = {"paged_mla", "chunked_mla", "ondemand_mla"};
+  const char* name = kNames[state.range(0)];
+  const int mode = static_cast<int>(state.range(1));
+  const int bs = static_cast<int>(state.range(2));
+  WorkspaceRegistry::global().release_all_for_testing();
+  auto backend = make_backend(name);
+  const ForwardBatch batch = mode == 1 ? build_batch(ForwardMode::kExtend, bs, 900, 16)
+                                       : build_batch(ForwardMode::kDecode, bs, 0, 1);
+  if (mode == 2) {
+    backend->init_cuda_graph_state(kMaxRequests, kMaxRequests).ignore();
+    backend->init_forward_metadata_capture_cuda_graph(batch).ignore();
+  }
+  auto plan = [&] {
+    return mode == 2 ? backend->init_forward_metadata_replay_cuda_graph(batch, bs)
+                     : plan_batch(*backend, batch);
+  };
+  for (int i = 0; i < 3; ++i) plan().ignore();  // warm-up: buffers reach their size
+  const uint64_t a0 = g_allocs.load();
+  uint64_t plans = 0;
+  for (auto _ : state) {
+    Status s = plan();
+    if (!s.ok()) {
+      state.SkipWithError(s.to_string().c_str());
+      break;
+    }
+    ++plans;
+  }
+  state.counters["allocs_per_plan"] =
+      plans ? static_cast<double>(g_allocs.load() - a0) / static_cast<double>(plans) : 0.0;
+  state.counters["median_plan_ns"] = backend->median_plan_ns();
+  state.SetLabel(fmt::format("{} {} bs={} method={}", name,
+                             mode == 0 ? "decode" : mode == 1 ? "extend+prefix" : "graph-replay",
+                             bs, forward_method_name(backend->forward_method())));
+  release(batch);
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int backend = 0; backend < 3; ++backend) {
+    for (int bs : {1, 64, 256}) b->Args({backend, 0, bs});
+    b->Args({backend, 2, 256});
+    for (int bs : {1, 8}) b->Args({backend, 1, bs});
+  }
+}
+BENCHMARK(BM_Plan)->Apply(args)->Repetitions(3)->ReportAggregatesOnly(true);
+
+}  // namespace
+}  // namespace mla
+
+BENCHMARK_MAIN();
