@@ -113,10 +113,11 @@ TEST(CudaMhaPlan, RejectsProblemsBeyondCapacity) {
 // ---------------------------------------------------------------------------------------------
 // Device helpers.
 
-#define MLA_SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                                  \
-    if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device: " \
-                                                        << "device_available() is false"; \
+#define MLA_SKIP_WITHOUT_GPU()                                                    \
+  do {                                                                            \
+    if (!device_available(Device::cuda())) {                                      \
+      GTEST_SKIP() << "no CUDA device: device_available(Device::cuda()) is false"; \
+    }                                                                             \
   } while (0)
 
 const OpSet& cuda_ops() {
@@ -129,11 +130,12 @@ DeviceRuntime& rt() { return *device_runtime(DeviceType::kCuda); }
 
 template <typename T>
 DeviceBuffer upload(const std::vector<T>& host, const char* name) {
-  auto buf = DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(host.size() * sizeof(T), 1),
-                                    name, "test", false);
+  const std::size_t bytes = host.size() * sizeof(T);
+  auto buf = DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 1), name, "test",
+                                    false);
   EXPECT_TRUE(buf.ok()) << buf.status().to_string();
   if (!host.empty()) {
-    EXPECT_TRUE(rt().copy_to_device(buf->data(), host.data(), host.size() * sizeof(T), nullptr).ok());
+    EXPECT_TRUE(rt().copy_to_device(buf->data(), host.data(), bytes, nullptr).ok());
   }
   return std::move(buf).value();
 }
@@ -360,7 +362,9 @@ TEST(CudaPrefillOps, CublasOpsCaptureAndReplayEqualEager) {
   const auto v_eager = download<uint16_t>(v, v.bytes() / 2);
   Graph g;
   capture(stream, g, both);
-  for (DeviceBuffer* b : {&y, &k, &v}) ASSERT_TRUE(rt().memset(b->data(), 0xFF, b->bytes(), nullptr).ok());
+  for (DeviceBuffer* b : {&y, &k, &v}) {
+    ASSERT_TRUE(rt().memset(b->data(), 0xFF, b->bytes(), nullptr).ok());
+  }
   ASSERT_TRUE(rt().synchronize(nullptr).ok());
   ASSERT_EQ(cudaGraphLaunch(g.exec, stream), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

@@ -20,8 +20,9 @@ __global__ void __launch_bounds__(kThreads) kv_write_kernel(const KvWriteParams 
   const int64_t slot = p.loc[token];
   if (slot < 0 || slot >= p.num_slots) return;
   for (int c = lane; c < kLatentChunks; c += 32) {
-    const uint16_t* src = c < kCkvChunks ? p.c_kv + token * p.c_kv_row_stride + c * 8
-                                         : p.k_pe + token * p.k_pe_row_stride + (c - kCkvChunks) * 8;
+    const uint16_t* src = c < kCkvChunks
+                              ? p.c_kv + token * p.c_kv_row_stride + c * 8
+                              : p.k_pe + token * p.k_pe_row_stride + (c - kCkvChunks) * 8;
     const uint4 v = *reinterpret_cast<const uint4*>(src);
     if (!p.fp8) {
       *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.cache) + slot * 576 + c * 8) = v;

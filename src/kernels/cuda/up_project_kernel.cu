@@ -19,8 +19,8 @@ __device__ __forceinline__ uint4 load_chunk(const GatherParams& p, int64_t slot,
     return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.cache) + slot * 576 +
                                            chunk * 8);
   }
-  const uint2 raw =
-      *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.cache) + slot * 576 + chunk * 8);
+  const auto* row = static_cast<const uint8_t*>(p.cache) + slot * 576;
+  const uint2 raw = *reinterpret_cast<const uint2*>(row + chunk * 8);
   const auto* pairs = reinterpret_cast<const __nv_fp8x2_e4m3*>(&raw);
   uint4 out;
   auto* o = reinterpret_cast<__nv_bfloat162*>(&out);

@@ -88,7 +88,8 @@ __device__ __forceinline__ void compute_qk(float (&s)[Tr::kBlockN / 8][4], uint3
 #pragma unroll
   for (int kk = 0; kk < Tr::kQkChunks / 2; ++kk) {
     uint32_t qf[4];
-    ldmatrix_x4(qf, q_smem + swizzle<Tr::kQkChunks>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+    ldmatrix_x4(qf,
+                q_smem + swizzle<Tr::kQkChunks>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
     for (int jp = 0; jp < Tr::kBlockN / 16; ++jp) {
       uint32_t b[4];
@@ -187,7 +188,8 @@ __device__ __forceinline__ void write_o(const MhaParams& p, const MhaTile& tile,
     uint16_t* dst = p.o + q_row * p.o_row_stride + head * p.o_head_stride + 2 * t;
 #pragma unroll
     for (int d = 0; d < Tr::kHeadDimV / 8; ++d) {
-      *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + d * 8) =
+          pack_bf16(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
     }
     if (p.lse != nullptr && t == 0) {
       p.lse[q_row * p.lse_row_stride + head] =
