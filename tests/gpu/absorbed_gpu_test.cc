@@ -114,6 +114,42 @@ TEST(AbsorbedPlan, RandomBatchesCoverEveryRowAndKeyOnce) {
   }
 }
 
+// Variable lengths: no CTA gets much more than an equal share of the key tiles.
+TEST(AbsorbedPlan, VariableLengthsStayBalanced) {
+  Rng rng(mix_seed(base_seed(), 43));
+  for (int heads : {16, 128}) {
+    std::vector<int32_t> rows, q(128, 1), kv;
+    for (int b = 0; b < 128; ++b) {
+      rows.push_back(b + 1);
+      kv.push_back(static_cast<int32_t>(rng.uniform_int(2048, 4096)));
+    }
+    const int ctas = 132;
+    AttnCapacity cap{128, 128, 0, 1, heads};
+    AbsorbedProblem p{heads, 64, true, rows, q, kv};
+    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
+    ASSERT_TRUE(cuda::absorbed::build_plan(p, cap, ctas, plan).ok());
+    PlanHeader h;
+    std::memcpy(&h, plan.data(), sizeof(h));
+    std::vector<int32_t> begin(ctas + 1);
+    std::memcpy(begin.data(), plan.data() + h.cta_begin_offset, begin.size() * 4);
+    std::vector<WorkUnit> units(h.num_units);
+    std::memcpy(units.data(), plan.data() + h.units_offset, units.size() * sizeof(WorkUnit));
+    int64_t total = 0, worst = 0;
+    for (int g = 0; g < ctas; ++g) {
+      int64_t cost = 0;
+      for (int i = begin[g]; i < begin[g + 1]; ++i) {
+        cost += (units[i].kv_end - units[i].kv_begin + 63) / 64 + 1;
+      }
+      total += cost;
+      worst = std::max(worst, cost);
+    }
+    const int64_t groups = heads == 128 ? 2 : 1;
+    const double ideal = static_cast<double>(total) / (ctas / groups * groups);
+    EXPECT_LE(worst, ideal * 1.1 + 4) << "heads " << heads << ": worst CTA " << worst
+                                      << " key tiles vs equal share " << ideal;
+  }
+}
+
 TEST(AbsorbedPlan, RowsPerTileFollowHeadsTimesQueryLength) {
   EXPECT_EQ(cuda::absorbed::rows_per_tile(16, 1), 16);
   EXPECT_EQ(cuda::absorbed::rows_per_tile(16, 2), 32);
@@ -234,12 +270,14 @@ TEST_F(AbsorbedDevice, SplitScheduleMatchesReference) {
     a.plan = plan_d->data();
     a.workspace = ws->data();
     a.workspace_bytes = ws->bytes();
-    ASSERT_TRUE(op_->run(a, ExecContext{Device::cuda(), nullptr}).ok());
+    const Status st = op_->run(a, ExecContext{Device::cuda(), nullptr});
+    ASSERT_TRUE(st.ok()) << st.to_string();
     std::vector<bf16> o_h(d.tokens * heads * 512);
     std::vector<float> lse_h(d.tokens * heads);
-    ASSERT_TRUE(rt->copy_to_host(o_h.data(), o->data(), o->bytes(), nullptr).ok());
-    ASSERT_TRUE(rt->copy_to_host(lse_h.data(), lse->data(), lse->bytes(), nullptr).ok());
-    ASSERT_TRUE(rt->synchronize(nullptr).ok());
+    const Status c1 = rt->copy_to_host(o_h.data(), o->data(), o->bytes(), nullptr);
+    ASSERT_TRUE(c1.ok()) << c1.to_string();
+    const Status c2 = rt->copy_to_host(lse_h.data(), lse->data(), lse->bytes(), nullptr);
+    ASSERT_TRUE(c2.ok()) << c2.to_string();
     const RefAttention ref = reference_of(d);
     const Comparison co = compare_values("o", to_float(o_h), ref.o, default_tolerance(DType::kBF16));
     const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());

@@ -108,9 +108,11 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
 
   // Row tiles: consecutive flat rows (token * H + head) of one request.
   std::vector<Tile> tiles;
+  std::vector<int32_t> first_tile(bs + 1, 0);  // tiles of request b: [first_tile[b], [b + 1])
   int64_t q_row = 0;
-  int64_t total_cost = 0;
+  int max_tiles_per_req = 0;
   for (int b = 0; b < bs; ++b) {
+    first_tile[b] = static_cast<int32_t>(tiles.size());
     const int64_t rows = int64_t{p.q_lens[b]} * heads;
     for (int64_t r = 0; r < rows; r += rows_tile) {
       Tile t;
@@ -122,45 +124,55 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
       const int32_t kl = p.kv_lens[b];
       t.kv_extent = p.causal && kl > 0 ? kl - p.q_lens[b] + last_query + 1 : kl;
       t.tiles = (t.kv_extent + kBlockN - 1) / kBlockN;
-      total_cost += t.tiles + kUnitCost;
       tiles.push_back(t);
     }
+    max_tiles_per_req = std::max(max_tiles_per_req,
+                                 static_cast<int>(tiles.size()) - first_tile[b]);
     q_row += rows;
   }
+  first_tile[bs] = static_cast<int32_t>(tiles.size());
 
-  // Contiguous cutting of the flattened (tile, key tile) list into num_ctas equal shares.
-  const int64_t target = std::max<int64_t>((total_cost + num_ctas - 1) / num_ctas,
-                                           kMinPieceTiles + kUnitCost);
-  std::vector<WorkUnit> units;
+  // Grouped schedule when a request has 2-4 row tiles (128 heads, or heads x q_len > 64): the
+  // grid splits into one group of CTAs per row tile, all groups following the same key schedule,
+  // so the row tiles of a request read the same keys at the same time and share them in L2
+  // (otherwise 128-head decode reads the cache twice from DRAM: 2 x 1152 B per key).
+  const int groups =
+      max_tiles_per_req >= 2 && max_tiles_per_req <= 4 && num_ctas >= 2 * max_tiles_per_req
+          ? max_tiles_per_req : 1;
+  const int ctas_per_group = num_ctas / groups;
+  // Items cut across one group's CTAs: requests (grouped) or row tiles (ungrouped).
+  std::vector<int64_t> item_tiles;
+  if (groups > 1) {
+    for (int b = 0; b < bs; ++b) {
+      int64_t n = 0;
+      for (int i = first_tile[b]; i < first_tile[b + 1]; ++i) n = std::max(n, tiles[i].tiles);
+      item_tiles.push_back(first_tile[b + 1] > first_tile[b] ? n : -1);  // -1: no rows
+    }
+  } else {
+    for (const Tile& t : tiles) item_tiles.push_back(t.tiles);
+  }
+  int64_t total_cost = 0;
+  for (int64_t n : item_tiles) total_cost += n >= 0 ? n + kUnitCost : 0;
+
+  // Contiguous cutting of the flattened (item, key tile) list into equal shares.
+  // Each CTA's share is re-derived from the work still unassigned, so pieces left unused by
+  // the no-tiny-piece rule spread over the remaining CTAs instead of piling up on the last one.
+  int64_t unassigned = total_cost;
+  const auto share = [&](int c) {
+    const int64_t left_ctas = ctas_per_group - c;
+    return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
+  };
+  std::vector<std::vector<WorkUnit>> per_cta(num_ctas);
   std::vector<CombineUnit> combines;
-  std::vector<int32_t> cta_begin(num_ctas + 1, 0);
   int cta = 0;
-  int64_t room = target;
+  int64_t room = share(0);
   int32_t next_partial = 0;
   std::vector<Piece> pieces;
   const auto next_cta = [&] {
     ++cta;
-    cta_begin[cta] = static_cast<int32_t>(units.size());
-    room = target;
+    room = share(cta);
   };
-  for (const Tile& t : tiles) {
-    pieces.clear();
-    int64_t begin = 0;
-    while (true) {
-      const int64_t left = t.tiles - begin;
-      // Slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind.
-      if (cta == num_ctas - 1 || left + kUnitCost <= room + kMinPieceTiles) {
-        pieces.push_back({begin, t.tiles, cta});
-        room -= left + kUnitCost;
-        break;
-      }
-      const int64_t take = room - kUnitCost;
-      if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
-        pieces.push_back({begin, begin + take, cta});
-        begin += take;
-      }
-      next_cta();
-    }
+  const auto emit = [&](const Tile& t, int group) {
     const bool split = pieces.size() > 1;
     if (split) {
       combines.push_back({t.q_row_begin, t.num_rows, next_partial,
@@ -174,14 +186,51 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
       u.row_in_req = t.row_in_req;
       u.q_len = p.q_lens[t.request];
       u.kv_len = p.kv_lens[t.request];
-      u.kv_begin = static_cast<int32_t>(pc.begin_tile * kBlockN);
+      u.kv_begin = static_cast<int32_t>(std::min<int64_t>(pc.begin_tile, t.tiles) * kBlockN);
       u.kv_end = static_cast<int32_t>(std::min<int64_t>(pc.end_tile * kBlockN, t.kv_extent));
+      u.kv_end = std::max(u.kv_end, u.kv_begin);
       u.partial = split ? next_partial++ : -1;
-      units.push_back(u);
+      per_cta[group * ctas_per_group + pc.cta].push_back(u);
     }
-    if (room <= 0 && cta < num_ctas - 1) next_cta();
+  };
+  for (std::size_t item = 0; item < item_tiles.size(); ++item) {
+    const int64_t n_tiles = item_tiles[item];
+    if (n_tiles < 0) continue;
+    pieces.clear();
+    int64_t begin = 0;
+    while (true) {
+      const int64_t left = n_tiles - begin;
+      // Slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind.
+      if (cta == ctas_per_group - 1 || left + kUnitCost <= room + kMinPieceTiles) {
+        pieces.push_back({begin, n_tiles, cta});
+        room -= left + kUnitCost;
+        unassigned -= left + kUnitCost;
+        break;
+      }
+      const int64_t take = room - kUnitCost;
+      if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+        pieces.push_back({begin, begin + take, cta});
+        begin += take;
+        unassigned -= take;  // the item's unit cost leaves with its last piece
+      }
+      next_cta();
+    }
+    if (groups > 1) {
+      for (int i = first_tile[item]; i < first_tile[item + 1]; ++i) {
+        emit(tiles[i], i - first_tile[item]);
+      }
+    } else {
+      emit(tiles[item], 0);
+    }
+    if (room <= 0 && cta < ctas_per_group - 1) next_cta();
   }
-  while (cta < num_ctas) next_cta();  // fills cta_begin[cta + 1 ..] with the end
+  std::vector<WorkUnit> units;
+  std::vector<int32_t> cta_begin(num_ctas + 1, 0);
+  for (int g = 0; g < num_ctas; ++g) {
+    cta_begin[g] = static_cast<int32_t>(units.size());
+    units.insert(units.end(), per_cta[g].begin(), per_cta[g].end());
+  }
+  cta_begin[num_ctas] = static_cast<int32_t>(units.size());
 
   if (static_cast<int64_t>(units.size()) > layout.max_units ||
       static_cast<int64_t>(combines.size()) > layout.max_combines ||

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the CUDA configuration HERE (no GPU needed) and copies what the device machine runs into
+# .carry/gpu/ (git-ignored): the `mla` CLI, the GPU test binary, the commit id. Then, on the
+# device: scripts/gpu-check.sh (device tool: run with carry [".carry/gpu"]).
+#   scripts/gpu-build.sh [build_dir]      default build/gpu
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$root/build/gpu}"
+carry="$root/.carry/gpu"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=ON \
+  -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" -DMLA_BUILD_BENCH=OFF >/dev/null
+cmake --build "$build" -j"${JOBS:-2}" --target mla_cli mla_gpu_tests
+mkdir -p "$carry"
+cp "$build/mla" "$build/tests/mla_gpu_tests" "$carry/"
+git -C "$root" rev-parse --short HEAD > "$carry/COMMIT"
+if ! git -C "$root" diff --quiet HEAD -- src include tests tools; then
+  sed -i 's/$/-dirty/' "$carry/COMMIT"
+fi
+ls -la "$carry"

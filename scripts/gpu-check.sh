@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# ONE command for the GPU machine (the device tool), over binaries built by scripts/gpu-build.sh:
+#   nvidia-smi; the GPU test suite (gtest JSON); compute-sanitizer memcheck + racecheck on a small
+#   filter; SASS counts of the CUDA kernels (HMMA/HGMMA present, no LDL/STL); `mla bench --device
+#   cuda --json`. Logs and JSON go under $OUT (at most 8 files), a summary table is printed last.
+# Environment: OUT (default /tmp/mla-gpu-out), GPU_CHECK_QUICK=1 (bench --quick),
+#   GPU_TEST_FILTER (gtest filter for the suite), GPU_BENCH_OPS (default decode,prefill,extend),
+#   GPU_SKIP_TESTS=1 / GPU_SKIP_SANITIZER=1 / GPU_SKIP_BENCH=1.
+set -u
+root="$(cd "$(dirname "$0")/.." && pwd)"
+carry="${CARRY:-$root/.carry/gpu}"
+OUT="${OUT:-/tmp/mla-gpu-out}"
+mkdir -p "$OUT"
+export MLA_COMMIT="$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)"
+tests="$carry/mla_gpu_tests"
+mla="$carry/mla"
+summary=()
+
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+summary+=("gpu        $(nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null | head -1)")
+
+if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
+  timeout "${GPU_TEST_TIMEOUT:-240}" "$tests" --gtest_filter="${GPU_TEST_FILTER:-*}" \
+    --gtest_output=json:"$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  passed=$(grep -c '^\[       OK \]' "$OUT/gpu_tests.log")
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log")
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$OUT/gpu_tests.log")
+  summary+=("tests      rc=$rc passed=$passed failed=$failed skipped=$skipped")
+  grep '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log" | head -8 | sed 's/^/           /' > /tmp/fails
+  while IFS= read -r l; do summary+=("$l"); done < /tmp/fails
+fi
+
+if [ "${GPU_SKIP_SANITIZER:-0}" != 1 ]; then
+  filt="${GPU_SANITIZER_FILTER:-AbsorbedDevice.*:*absorbed_decode_h16_p16_bs6*:*absorbed_verify_h128_p64*:*absorbed_draft_h16*}"
+  {
+    echo "== memcheck ($filt)"
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" --gtest_filter="$filt"
+    echo "memcheck rc=$?"
+    echo "== racecheck ($filt)"
+    timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
+      "$tests" --gtest_filter="$filt"
+    echo "racecheck rc=$?"
+  } > "$OUT/sanitizer.log" 2>&1
+  summary+=("sanitizer  $(grep -E '^(memcheck|racecheck) rc=' "$OUT/sanitizer.log" | tr '\n' ' ')$(grep -m1 -E 'ERROR SUMMARY' "$OUT/sanitizer.log")")
+fi
+
+if command -v cuobjdump > /dev/null; then
+  cuobjdump --dump-sass "$mla" 2>/dev/null | awk '
+    /Function :/ { fn = $3 }
+    /HGMMA/ { hg[fn]++ } /HMMA/ { hm[fn]++ } /LDL|STL/ { ll[fn]++ } /LDGSTS/ { cp[fn]++ }
+    /Function :/ { seen[fn] = 1 }
+    END { for (f in seen) printf "%-90s HGMMA %4d HMMA %5d LDGSTS %4d LDL/STL %4d\n", substr(f, 1, 90), hg[f], hm[f], cp[f], ll[f] }' \
+    | sort > "$OUT/sass.txt"
+  summary+=("sass       $(grep -c . "$OUT/sass.txt") kernels; absorbed: $(grep absorbed_attention "$OUT/sass.txt" | sed 's/  */ /g' | cut -c1-160)")
+fi
+
+if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
+  quick=()
+  [ "${GPU_CHECK_QUICK:-0}" = 1 ] && quick=(--quick)
+  timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda "${quick[@]}" \
+    --ops "${GPU_BENCH_OPS:-decode,prefill,extend}" --out "$OUT/h200.jsonl" > "$OUT/bench.log" 2>&1
+  summary+=("bench      rc=$? rows=$(grep -c . "$OUT/h200.jsonl" 2>/dev/null)")
+fi
+
+echo
+echo "==== bench (us, TFLOP/s, GB/s, fraction of the ceiling) ===="
+cat "$OUT/bench.log" 2>/dev/null | tail -80
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"
