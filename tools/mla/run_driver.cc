@@ -47,6 +47,11 @@ ForwardBatch padded_graph_batch(ForwardMode mode, int padded_bs, int num_draft_t
   return b;
 }
 
+// Each (mode, with or without a cached prefix) kind is checked at least once when affordable.
+int check_kind(const ForwardBatch& b) {
+  return static_cast<int>(b.mode) * 2 + (b.has_prefix() ? 1 : 0);
+}
+
 void add_stats(PlanningStats& into, const PlanningStats& s) {
   into.init_forward_metadata_calls += s.init_forward_metadata_calls;
   into.absorbed_plans += s.absorbed_plans;
@@ -82,7 +87,7 @@ class Simulation {
   std::unique_ptr<sim::Scheduler> scheduler_;
   std::set<int> captured_;
   std::vector<double> plan_ns_;
-  std::set<ForwardMode> checked_modes_;
+  std::set<int> checked_kinds_;  // (mode, has a cached prefix) pairs checked so far
   int graph_max_bs_ = 0;
 };
 
@@ -187,7 +192,7 @@ Status Simulation::run_step(const sim::Step& step) {
   const bool want_check =
       c_.check && static_cast<int>(report_.checks.size()) < c_.check_steps &&
       SimLayer::check_cost(batch, model_.num_heads) <= kMaxCheckCost &&
-      (!checked_modes_.count(batch.mode) || step.index % 5 == 0);
+      (!checked_kinds_.count(check_kind(batch)) || step.index % 5 == 0);
 
   auto run_layers = [&](AttentionBackend& backend, int first, int count, bool target) -> Status {
     MLA_ASSIGN_OR_RETURN(const int64_t rows, plan(backend, batch, target));
@@ -201,7 +206,7 @@ Status Simulation::run_step(const sim::Step& step) {
                                              batch.batch_size, batch.num_tokens(), err});
         report_.max_rel_err = std::max(report_.max_rel_err, err);
         if (!(err <= c_.check_tolerance)) report_.check_passed = false;
-        checked_modes_.insert(batch.mode);
+        checked_kinds_.insert(check_kind(batch));
       }
     }
     return Status::Ok();
