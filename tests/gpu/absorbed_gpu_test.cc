@@ -1,6 +1,8 @@
 // The CUDA absorbed op beyond the shared conformance cases: properties of the host plan (no GPU
 // needed), CUDA graph capture + replay after re-planning into the same plan buffer, and split
-// schedules against the double-precision reference.
+// schedules against the double-precision reference. Built only with MLA_CUDA=ON (the plan
+// lives in mla_cuda); the CPU-only CI build compiles this file to nothing.
+#ifdef MLA_WITH_CUDA
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -380,3 +382,5 @@ TEST_F(AbsorbedDevice, GraphReplayAfterReplanEqualsEager) {
 
 }  // namespace
 }  // namespace mla::testing
+
+#endif  // MLA_WITH_CUDA

@@ -47,14 +47,14 @@ struct BenchOptions {
   std::string ops = "decode,prefill,extend";
 };
 
-[[maybe_unused]] std::string utc_date() {
+[[maybe_unused]] [[maybe_unused]] std::string utc_date() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
 }
 
-[[maybe_unused]] std::string commit_id() {
+[[maybe_unused]] [[maybe_unused]] std::string commit_id() {
   const char* c = std::getenv("MLA_COMMIT");
   return c ? c : "unknown";
 }
