@@ -55,6 +55,24 @@ if command -v cuobjdump > /dev/null; then
   summary+=("sass       $(grep -c . "$OUT/sass.txt") kernels; absorbed: $(grep absorbed_attention "$OUT/sass.txt" | sed 's/  */ /g' | cut -c1-160)")
 fi
 
+if [ "${GPU_SKIP_INTEGRATION:-0}" != 1 ]; then
+  # The backends end to end on the GPU: the memory report, the main job with --check for every
+  # backend (and the fallback / graph paths), and the conformance table through the CLI.
+  {
+    echo "== mla info --device cuda"; timeout 60 "$mla" info --device cuda; echo "info rc=$?"
+    for b in paged_mla chunked_mla ondemand_mla; do
+      echo "== mla run --device cuda --backend $b --check --json"
+      timeout 90 "$mla" run --device cuda --backend "$b" --check --json --model deepseek-v3 \
+        --layers 2 --requests 48; echo "run $b rc=$?"
+    done
+    echo "== mla run --device cuda --backend chunked_mla --disable-chunked-prefix-cache --cuda-graph --speculative 3 --check"
+    timeout 90 "$mla" run --device cuda --backend chunked_mla --disable-chunked-prefix-cache \
+      --cuda-graph --speculative 3 --check --no-progress; echo "run fallback rc=$?"
+    echo "== mla check --device cuda"; timeout 120 "$mla" check --device cuda; echo "check rc=$?"
+  } > "$OUT/integration.log" 2>&1
+  summary+=("integration $(grep -E ' rc=' "$OUT/integration.log" | tr '\n' ' ')")
+fi
+
 if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   quick=()
   [ "${GPU_CHECK_QUICK:-0}" = 1 ] && quick=(--quick)

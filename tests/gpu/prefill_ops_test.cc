@@ -3,6 +3,9 @@
 // with a determinism re-run, MHA against the double reference across several 128-row tiles and
 // 64-key steps, and CUDA graph capture + replay (after re-planning into the same plan buffer for
 // MHA; cuBLAS-backed ops with their explicit workspace) equal to eager runs.
+// Compiles to nothing without CUDA (the CPU-only build has no cuda_runtime.h).
+#ifdef MLA_WITH_CUDA
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -379,3 +382,5 @@ TEST(CudaPrefillOps, CublasOpsCaptureAndReplayEqualEager) {
 
 }  // namespace
 }  // namespace mla::testing
+
+#endif  // MLA_WITH_CUDA
