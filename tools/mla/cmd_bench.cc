@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/absorbed/fill.h"
+#include "kernels/cuda/common.h"
 #endif
 
 #if __has_include("bench_prefill.h")
@@ -119,14 +120,6 @@ std::vector<DecodeConfig> decode_grid(bool quick) {
   return g;
 }
 
-#define BENCH_CUDA(call)                                                                \
-  do {                                                                                  \
-    const cudaError_t e_ = (call);                                                      \
-    if (e_ != cudaSuccess) {                                                            \
-      return make_status(StatusCode::kCudaError, "{} failed: {}", #call, cudaGetErrorString(e_)); \
-    }                                                                                   \
-  } while (0)
-
 // Inputs shared by every decode config: one latent cache big enough for the largest batch.
 struct DecodeBench {
   const AbsorbedAttentionOp* op = nullptr;
@@ -171,12 +164,12 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
     MLA_ASSIGN_OR_RETURN(q[s], alloc(tokens * c.h_q * 576 * 2, "bench.q"));
     MLA_ASSIGN_OR_RETURN(o[s], alloc(tokens * c.h_q * 512 * 2, "bench.o"));
     MLA_ASSIGN_OR_RETURN(lse[s], alloc(tokens * c.h_q * 4, "bench.lse"));
-    BENCH_CUDA(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576, seed + 17 * s + 1, 0.25f,
+    MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576, seed + 17 * s + 1, 0.25f,
                                       db.stream));
   }
-  BENCH_CUDA(cudaMemcpyAsync(plan_d.data(), plan.data(), plan_used, cudaMemcpyHostToDevice,
+  MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(plan_d.data(), plan.data(), plan_used, cudaMemcpyHostToDevice,
                              db.stream));
-  BENCH_CUDA(cudaMemcpyAsync(r2t.data(), layout.req_to_token.data(),
+  MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r2t.data(), layout.req_to_token.data(),
                              layout.req_to_token.size() * 4, cudaMemcpyHostToDevice, db.stream));
   const auto args_for = [&](int s) {
     AbsorbedArgs a;
@@ -195,15 +188,15 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   const ExecContext ctx{dev, db.stream};
   for (int i = 0; i < 3; ++i) MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
   std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  for (auto& e : ev) MLA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
   for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(ev[2 * i], db.stream));
+    MLA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], db.stream));
     MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
-    BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], db.stream));
+    MLA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], db.stream));
   }
-  BENCH_CUDA(cudaStreamSynchronize(db.stream));
+  MLA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(db.stream));
   std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (int i = 0; i < iters; ++i) MLA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   const double us = 1e3 * ms[iters / 2];
@@ -234,8 +227,8 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
   for (const DecodeConfig& c : grid) db.cache_slots = std::max(db.cache_slots, slots_needed(c));
   MLA_ASSIGN_OR_RETURN(db.cache, DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576 * 2,
                                                         "bench.kv_cache", "kv_pool.bench", false));
-  BENCH_CUDA(cudaStreamCreateWithFlags(&db.stream, cudaStreamNonBlocking));
-  BENCH_CUDA(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576, 20261202, 0.25f,
+  MLA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&db.stream, cudaStreamNonBlocking));
+  MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576, 20261202, 0.25f,
                                     db.stream));
   int failures = 0;
   uint64_t seed = 1;
