@@ -3,10 +3,12 @@
 # .carry/gpu/ (git-ignored): the `mla` CLI, the GPU test binary, the commit id. Then, on the
 # device: scripts/gpu-check.sh (device tool: run with carry [".carry/gpu"]).
 #   scripts/gpu-build.sh [build_dir]      default build/gpu
+# CARRY=dir puts the binaries elsewhere (default .carry/gpu; gpu-check.sh reads the same variable),
+# so engineers working in parallel keep separate carries.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build/gpu}"
-carry="$root/.carry/gpu"
+carry="${CARRY:-$root/.carry/gpu}"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" -DMLA_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" -j"${JOBS:-2}" --target mla_cli mla_gpu_tests
