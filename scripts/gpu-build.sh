@@ -9,7 +9,11 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build/gpu}"
 carry="${CARRY:-$root/.carry/gpu}"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=ON \
+launcher=()
+if command -v ccache > /dev/null; then  # worktrees share objects when ccache's base_dir covers them
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=ON "${launcher[@]}" \
   -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" -DMLA_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" -j"${JOBS:-2}" --target mla_cli mla_gpu_tests
 mkdir -p "$carry"
