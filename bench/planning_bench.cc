@@ -8,6 +8,7 @@
 #include <new>
 
 #include "common/case_gen.h"
+#include "kernels/cuda/absorbed/plan.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/workspace.h"
@@ -135,6 +136,53 @@ void args(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_Plan)->Apply(args)->Repetitions(3)->ReportAggregatesOnly(true);
+
+// The CUDA absorbed op's host planner alone (pure host code, built without CUDA too): the split-KV
+// schedule over 132 persistent CTAs (an H200) for decode batches. args: heads, batch, max s_k.
+// On the GPU the backend adds to this what BM_Plan measures around the cpu op's plan (validation,
+// collect, upload).
+void BM_CudaAbsorbedPlan(benchmark::State& state) {
+  const int heads = static_cast<int>(state.range(0));
+  const int bs = static_cast<int>(state.range(1));
+  const int max_kv = static_cast<int>(state.range(2));
+  constexpr int kCtas = 132;
+  testing::Rng rng(7);
+  std::vector<int32_t> rows, q_lens, kv_lens;
+  for (int b = 0; b < bs; ++b) {
+    rows.push_back(b + 1);
+    q_lens.push_back(1);
+    kv_lens.push_back(static_cast<int32_t>(rng.uniform_int(max_kv / 2, max_kv)));
+  }
+  AbsorbedProblem problem;
+  problem.num_heads = heads;
+  problem.page_size = kPageSize;
+  problem.causal = true;
+  problem.req_rows = rows;
+  problem.q_lens = q_lens;
+  problem.kv_lens = kv_lens;
+  const AttnCapacity cap{kMaxRequests, 2 * kMaxRequests, 0, 2, heads};
+  std::vector<std::byte> host_plan(cuda::absorbed::plan_layout(cap, kCtas).bytes);
+  auto plan = [&] { return cuda::absorbed::build_plan(problem, cap, kCtas, host_plan); };
+  for (int i = 0; i < 3; ++i) (void)plan();
+  const uint64_t a0 = g_allocs.load();
+  uint64_t plans = 0;
+  for (auto _ : state) {
+    auto r = plan();
+    if (!r.ok()) {
+      state.SkipWithError(r.status().to_string().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(host_plan.data());
+    ++plans;
+  }
+  state.counters["allocs_per_plan"] =
+      plans ? static_cast<double>(g_allocs.load() - a0) / static_cast<double>(plans) : 0.0;
+  state.SetLabel(fmt::format("cuda absorbed plan h{} bs={} s_k<={}", heads, bs, max_kv));
+}
+BENCHMARK(BM_CudaAbsorbedPlan)
+    ->ArgsProduct({{16, 128}, {1, 64, 256}, {8192}})
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
 
 }  // namespace
 }  // namespace mla

@@ -36,6 +36,26 @@ struct Piece {
   int cta;
 };
 
+// Reusable vectors of one planning thread (clear() keeps their capacity).
+struct PlanScratch {
+  std::vector<Tile> tiles;
+  std::vector<int32_t> first_tile;  // tiles of request b: [first_tile[b], first_tile[b + 1])
+  std::vector<int64_t> item_tiles;
+  std::vector<Piece> pieces;
+  std::vector<int32_t> piece_begin;  // pieces of item i: [piece_begin[i], piece_begin[i + 1])
+  std::vector<int32_t> cta_begin;    // [num_ctas + 1]
+  std::vector<CombineUnit> combines;
+
+  void reset(int bs, int num_ctas) {
+    tiles.clear();
+    first_tile.assign(static_cast<std::size_t>(bs) + 1, 0);
+    item_tiles.clear();
+    pieces.clear();
+    cta_begin.resize(static_cast<std::size_t>(num_ctas) + 1);
+    combines.clear();
+  }
+};
+
 }  // namespace
 
 PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
@@ -106,13 +126,17 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   const int heads = p.num_heads;
   const int rows_tile = rows_per_tile(heads, max_q_len);
 
+  // Scratch reused across plans on this thread: after the first plans of the largest batch,
+  // planning allocates nothing (a serving loop plans every step).
+  thread_local PlanScratch scratch;
+  PlanScratch& s = scratch;
+  s.reset(bs, num_ctas);
+
   // Row tiles: consecutive flat rows (token * H + head) of one request.
-  std::vector<Tile> tiles;
-  std::vector<int32_t> first_tile(bs + 1, 0);  // tiles of request b: [first_tile[b], [b + 1])
   int64_t q_row = 0;
   int max_tiles_per_req = 0;
   for (int b = 0; b < bs; ++b) {
-    first_tile[b] = static_cast<int32_t>(tiles.size());
+    s.first_tile[b] = static_cast<int32_t>(s.tiles.size());
     const int64_t rows = int64_t{p.q_lens[b]} * heads;
     for (int64_t r = 0; r < rows; r += rows_tile) {
       Tile t;
@@ -124,13 +148,15 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
       const int32_t kl = p.kv_lens[b];
       t.kv_extent = p.causal && kl > 0 ? kl - p.q_lens[b] + last_query + 1 : kl;
       t.tiles = (t.kv_extent + kBlockN - 1) / kBlockN;
-      tiles.push_back(t);
+      s.tiles.push_back(t);
     }
     max_tiles_per_req = std::max(max_tiles_per_req,
-                                 static_cast<int>(tiles.size()) - first_tile[b]);
+                                 static_cast<int>(s.tiles.size()) - s.first_tile[b]);
     q_row += rows;
   }
-  first_tile[bs] = static_cast<int32_t>(tiles.size());
+  s.first_tile[bs] = static_cast<int32_t>(s.tiles.size());
+  const std::vector<Tile>& tiles = s.tiles;
+  const std::vector<int32_t>& first_tile = s.first_tile;
 
   // Grouped schedule when a request has 2-4 row tiles (128 heads, or heads x q_len > 64): the
   // grid splits into one group of CTAs per row tile, all groups following the same key schedule,
@@ -141,7 +167,7 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
           ? max_tiles_per_req : 1;
   const int ctas_per_group = num_ctas / groups;
   // Items cut across one group's CTAs: requests (grouped) or row tiles (ungrouped).
-  std::vector<int64_t> item_tiles;
+  std::vector<int64_t>& item_tiles = s.item_tiles;
   if (groups > 1) {
     for (int b = 0; b < bs; ++b) {
       int64_t n = 0;
@@ -154,49 +180,25 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   int64_t total_cost = 0;
   for (int64_t n : item_tiles) total_cost += n >= 0 ? n + kUnitCost : 0;
 
-  // Contiguous cutting of the flattened (item, key tile) list into equal shares.
-  // Each CTA's share is re-derived from the work still unassigned, so pieces left unused by
-  // the no-tiny-piece rule spread over the remaining CTAs instead of piling up on the last one.
+  // 1. Contiguous cutting of the flattened (item, key tile) list into equal shares, once for
+  // all groups. Each CTA's share is re-derived from the work still unassigned, so pieces left
+  // unused by the no-tiny-piece rule spread over the remaining CTAs instead of piling up on the
+  // last one. Pieces of item i: pieces[piece_begin[i] .. piece_begin[i + 1]), CTAs ascending.
   int64_t unassigned = total_cost;
   const auto share = [&](int c) {
     const int64_t left_ctas = ctas_per_group - c;
     return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
   };
-  std::vector<std::vector<WorkUnit>> per_cta(num_ctas);
-  std::vector<CombineUnit> combines;
   int cta = 0;
   int64_t room = share(0);
-  int32_t next_partial = 0;
-  std::vector<Piece> pieces;
-  const auto next_cta = [&] {
-    ++cta;
-    room = share(cta);
-  };
-  const auto emit = [&](const Tile& t, int group) {
-    const bool split = pieces.size() > 1;
-    if (split) {
-      combines.push_back({t.q_row_begin, t.num_rows, next_partial,
-                          static_cast<int32_t>(pieces.size())});
-    }
-    for (const Piece& pc : pieces) {
-      WorkUnit u{};
-      u.pool_row = p.req_rows[t.request];
-      u.q_row_begin = t.q_row_begin;
-      u.num_rows = t.num_rows;
-      u.row_in_req = t.row_in_req;
-      u.q_len = p.q_lens[t.request];
-      u.kv_len = p.kv_lens[t.request];
-      u.kv_begin = static_cast<int32_t>(std::min<int64_t>(pc.begin_tile, t.tiles) * kBlockN);
-      u.kv_end = static_cast<int32_t>(std::min<int64_t>(pc.end_tile * kBlockN, t.kv_extent));
-      u.kv_end = std::max(u.kv_end, u.kv_begin);
-      u.partial = split ? next_partial++ : -1;
-      per_cta[group * ctas_per_group + pc.cta].push_back(u);
-    }
-  };
-  for (std::size_t item = 0; item < item_tiles.size(); ++item) {
+  std::vector<Piece>& pieces = s.pieces;
+  std::vector<int32_t>& piece_begin = s.piece_begin;
+  const std::size_t num_items = item_tiles.size();
+  piece_begin.resize(num_items + 1);
+  for (std::size_t item = 0; item < num_items; ++item) {
+    piece_begin[item] = static_cast<int32_t>(pieces.size());
     const int64_t n_tiles = item_tiles[item];
     if (n_tiles < 0) continue;
-    pieces.clear();
     int64_t begin = 0;
     while (true) {
       const int64_t left = n_tiles - begin;
@@ -213,37 +215,78 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
         begin += take;
         unassigned -= take;  // the item's unit cost leaves with its last piece
       }
-      next_cta();
+      ++cta;
+      room = share(cta);
     }
-    if (groups > 1) {
-      for (int i = first_tile[item]; i < first_tile[item + 1]; ++i) {
-        emit(tiles[i], i - first_tile[item]);
-      }
-    } else {
-      emit(tiles[item], 0);
+    if (room <= 0 && cta < ctas_per_group - 1) {
+      ++cta;
+      room = share(cta);
     }
-    if (room <= 0 && cta < ctas_per_group - 1) next_cta();
   }
-  std::vector<WorkUnit> units;
-  std::vector<int32_t> cta_begin(num_ctas + 1, 0);
-  for (int g = 0; g < num_ctas; ++g) {
-    cta_begin[g] = static_cast<int32_t>(units.size());
-    units.insert(units.end(), per_cta[g].begin(), per_cta[g].end());
-  }
-  cta_begin[num_ctas] = static_cast<int32_t>(units.size());
+  piece_begin[num_items] = static_cast<int32_t>(pieces.size());
 
-  if (static_cast<int64_t>(units.size()) > layout.max_units ||
-      static_cast<int64_t>(combines.size()) > layout.max_combines ||
+  // 2. Units written in place, group by group: group g owns CTAs [g * ctas_per_group, ...) and
+  // its pieces come in ascending CTA order, so the output is CTA-major with no sorting pass.
+  // A tile cut into several pieces writes partial slots that one combine merges.
+  int64_t units_needed = 0;
+  for (int g = 0; g < groups; ++g) {
+    for (std::size_t item = 0; item < num_items; ++item) {
+      const bool has_tile = groups > 1 ? first_tile[item] + g < first_tile[item + 1] : true;
+      if (has_tile) units_needed += piece_begin[item + 1] - piece_begin[item];
+    }
+  }
+  if (units_needed > layout.max_units) {
+    return internal_error("absorbed plan overflow: {} units (max {})", units_needed,
+                          layout.max_units);
+  }
+  std::byte* base = host_plan.data();
+  auto* units_out = reinterpret_cast<WorkUnit*>(base + layout.units_offset);
+  std::vector<int32_t>& cta_begin = s.cta_begin;  // [num_ctas + 1]
+  std::vector<CombineUnit>& combines = s.combines;
+  int32_t num_units = 0;
+  int32_t next_partial = 0;
+  int next_cta = 0;  // CTAs before next_cta have their begin written
+  for (int g = 0; g < groups; ++g) {
+    const int cta0 = g * ctas_per_group;
+    for (std::size_t item = 0; item < num_items; ++item) {
+      const int tile_index = groups > 1 ? first_tile[item] + g : static_cast<int>(item);
+      if (groups > 1 && tile_index >= first_tile[item + 1]) continue;
+      const int32_t pb = piece_begin[item], pe = piece_begin[item + 1];
+      if (pb == pe) continue;
+      const Tile& t = tiles[static_cast<std::size_t>(tile_index)];
+      const bool split = pe - pb > 1;
+      if (split) combines.push_back({t.q_row_begin, t.num_rows, next_partial, pe - pb});
+      WorkUnit u{};
+      u.pool_row = p.req_rows[t.request];
+      u.q_row_begin = t.q_row_begin;
+      u.num_rows = t.num_rows;
+      u.row_in_req = t.row_in_req;
+      u.q_len = p.q_lens[t.request];
+      u.kv_len = p.kv_lens[t.request];
+      for (int32_t k = pb; k < pe; ++k) {
+        const Piece& pc = pieces[static_cast<std::size_t>(k)];
+        const int owner = cta0 + pc.cta;
+        while (next_cta <= owner) cta_begin[next_cta++] = num_units;
+        u.kv_begin = static_cast<int32_t>(std::min<int64_t>(pc.begin_tile, t.tiles) * kBlockN);
+        u.kv_end = static_cast<int32_t>(std::min<int64_t>(pc.end_tile * kBlockN, t.kv_extent));
+        u.kv_end = std::max(u.kv_end, u.kv_begin);
+        u.partial = split ? next_partial++ : -1;
+        std::memcpy(units_out + num_units++, &u, sizeof(WorkUnit));
+      }
+    }
+  }
+  while (next_cta <= num_ctas) cta_begin[next_cta++] = num_units;
+  if (static_cast<int64_t>(combines.size()) > layout.max_combines ||
       next_partial > max_partials(num_ctas)) {
-    return internal_error("absorbed plan overflow: {} units (max {}), {} combines (max {}), {} "
-                          "partials (max {})", units.size(), layout.max_units, combines.size(),
-                          layout.max_combines, next_partial, max_partials(num_ctas));
+    return internal_error("absorbed plan overflow: {} combines (max {}), {} partials (max {})",
+                          combines.size(), layout.max_combines, next_partial,
+                          max_partials(num_ctas));
   }
 
   PlanHeader h{};
   h.num_ctas = num_ctas;
   h.rows_per_tile = rows_tile;
-  h.num_units = static_cast<int32_t>(units.size());
+  h.num_units = static_cast<int32_t>(num_units);
   h.num_combines = static_cast<int32_t>(combines.size());
   h.num_heads = heads;
   h.page_size = p.page_size;
@@ -252,11 +295,9 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
   h.units_offset = static_cast<int32_t>(layout.units_offset);
   h.combines_offset = static_cast<int32_t>(layout.combines_offset);
-  std::byte* base = host_plan.data();
   std::memcpy(base, &h, sizeof(h));
   std::memcpy(base + layout.cta_begin_offset, cta_begin.data(),
               sizeof(int32_t) * cta_begin.size());
-  std::memcpy(base + layout.units_offset, units.data(), sizeof(WorkUnit) * units.size());
   std::memcpy(base + layout.combines_offset, combines.data(),
               sizeof(CombineUnit) * combines.size());
   // Bytes through the last combine written: the upload can stop there.
