@@ -86,9 +86,15 @@ TEST_F(BackendResources, ChunkedMlaCreatesFallbackResourcesAtConstruction) {
   }
 }
 
+// ondemand_mla's workspace is sized by what the ops report for the batch (the absorbed op's
+// split-KV scratch here), not by SYSTEM.md's num_SMs*H*max_q_len*513*4 formula (see
+// ondemand_mla.h: the 64 MiB budget wins), and grows only when a batch needs more.
 TEST_F(BackendResources, OndemandMlaAllocatesNeitherParentWorkspaceAndGrowsOnDemand) {
+  // Enough request rows for a batch whose absorbed scratch outgrows a small batch's.
+  pool_ = testing::make_pool({.page_size = 16, .max_requests = 256, .max_context_len = 64});
+  ASSERT_NE(pool_, nullptr);
+  ctx_.pool = pool_.get();
   ctx_.options.disable_chunked_prefix_cache = true;  // even with a possible fallback
-  ctx_.options.max_q_len = 64;
   auto created = OndemandMlaBackend::create(ctx_);
   ASSERT_TRUE(created.ok());
   auto& b = **created;
@@ -97,25 +103,32 @@ TEST_F(BackendResources, OndemandMlaAllocatesNeitherParentWorkspaceAndGrowsOnDem
   EXPECT_EQ(testing::ledger_bytes("ondemand_mla.workspace"), 0u);  // nothing before first use
   EXPECT_EQ(b.parent(), nullptr);
 
-  ForwardBatch decode = testing::make_batch(*pool_, {ForwardMode::kDecode, {10, 20}, {}}, rng_);
-  ASSERT_TRUE(b.init_forward_metadata(decode).ok());
+  const AbsorbedAttentionOp* op = OpRegistry::global().default_for(DeviceType::kCpu)->absorbed.get();
+  ASSERT_NE(op, nullptr);
+  const int H = ctx_.options.model.num_heads;
+  auto need = [&](int bs) { return op->workspace_bytes(AttnCapacity{bs, bs, 0, 1, H}); };
+
+  ForwardBatch small = testing::make_batch(*pool_, {ForwardMode::kDecode, {10, 20}, {}}, rng_);
+  ASSERT_TRUE(b.init_forward_metadata(small).ok());
   EXPECT_EQ(b.workspace().grow_count(), 1u);
-  EXPECT_GE(b.workspace().capacity(), b.split_kv_bytes(1));
-  const std::size_t after_decode = b.workspace().capacity();
-  ASSERT_TRUE(b.init_forward_metadata(decode).ok());  // same need: no growth
+  EXPECT_GE(b.workspace().capacity(), need(2));
+  const std::size_t after_small = b.workspace().capacity();
+  EXPECT_EQ(testing::ledger_bytes("ondemand_mla.workspace"), after_small);
+  ASSERT_TRUE(b.init_forward_metadata(small).ok());  // same need: no growth
   EXPECT_EQ(b.workspace().grow_count(), 1u);
 
-  // A verify batch whose q_len makes the split-KV partials exceed what decode needed.
-  const int q_len = static_cast<int>(after_decode / b.split_kv_bytes(1)) + 1;
-  ASSERT_LE(q_len, ctx_.options.max_q_len);
-  ForwardBatch verify =
-      testing::make_batch(*pool_, {ForwardMode::kTargetVerify, {5, 7}, {}, q_len}, rng_);
-  ASSERT_TRUE(b.init_forward_metadata(verify).ok());
+  // A larger decode batch needs more scratch: the workspace grows once, to at least that need.
+  const int big_bs = 250;
+  ASSERT_GT(need(big_bs), after_small) << "the test needs a batch that outgrows the first one";
+  ForwardBatch big = testing::make_batch(
+      *pool_, {ForwardMode::kDecode, std::vector<int32_t>(big_bs, 7), {}}, rng_);
+  ASSERT_TRUE(b.init_forward_metadata(big).ok());
   EXPECT_EQ(b.workspace().grow_count(), 2u);
-  EXPECT_GE(b.workspace().capacity(), b.split_kv_bytes(q_len));
-  EXPECT_GT(b.workspace().capacity(), after_decode);
-  ASSERT_TRUE(b.init_forward_metadata(decode).ok());  // smaller again: never shrinks or regrows
+  EXPECT_GE(b.workspace().capacity(), need(big_bs));
+  EXPECT_EQ(testing::ledger_bytes("ondemand_mla.workspace"), b.workspace().capacity());
+  ASSERT_TRUE(b.init_forward_metadata(small).ok());  // smaller again: never shrinks or regrows
   EXPECT_EQ(b.workspace().grow_count(), 2u);
+  testing::free_batch(*pool_, big);
   // A fallback extend runs on the own workspace: still no parent workspace.
   ForwardBatch ext = testing::make_batch(*pool_, {ForwardMode::kExtend, {16}, {2}}, rng_);
   ASSERT_TRUE(b.init_forward_metadata(ext).ok());
