@@ -52,7 +52,10 @@ class LatentKvPool {
   int64_t num_slots() const { return (config_.num_pages + 1) * config_.page_size; }
   TensorView layer_cache(int layer) const;  // [num_slots, latent_dim] on the pool's device
   float k_scale(int layer) const;           // fp8 only; 1.0 for bf16
-  void set_k_scale(int layer, float scale);
+  // Per-layer dequantisation scale of an fp8 cache (stored value * scale = real value). A bf16
+  // pool accepts and keeps it but never applies it (k_scale() stays 1). Errors name the layer or
+  // the value (not finite, <= 0) and leave the scale unchanged.
+  Status set_k_scale(int layer, float scale);
 
   // req_to_token: int32 [max_requests + 1, max_context_len]; row 0 is the padding row.
   TensorView req_to_token() const;                   // device copy, what kernels read

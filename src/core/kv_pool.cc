@@ -143,10 +143,14 @@ float LatentKvPool::k_scale(int layer) const {
   return k_scales_[static_cast<std::size_t>(layer)];
 }
 
-void LatentKvPool::set_k_scale(int layer, float scale) {
-  // Out-of-range layers and non-positive or non-finite scales are ignored (the scale stays valid).
-  if (layer < 0 || layer >= config_.num_layers || !std::isfinite(scale) || scale <= 0.f) return;
+Status LatentKvPool::set_k_scale(int layer, float scale) {
+  MLA_CHECK_ARG(layer >= 0 && layer < config_.num_layers,
+                "set_k_scale: layer = {} is outside 0..{} (num_layers = {})", layer,
+                config_.num_layers - 1, config_.num_layers);
+  MLA_CHECK_ARG(std::isfinite(scale) && scale > 0.f,
+                "set_k_scale: scale = {} for layer {} must be finite and > 0", scale, layer);
   k_scales_[static_cast<std::size_t>(layer)] = scale;
+  return Status::Ok();
 }
 
 TensorView LatentKvPool::req_to_token() const {

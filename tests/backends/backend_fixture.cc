@@ -137,6 +137,8 @@ LayerReference reference_layer(const LatentKvPool& pool, int layer, const Forwar
   auto W = [&](int h, int r, int k) {
     return static_cast<double>(w[(static_cast<std::size_t>(h) * 256 + r) * 512 + k].to_float());
   };
+  const bool fp8 = pool.config().dtype == DType::kFP8E4M3;
+  const float k_scale = pool.k_scale(layer);
   int64_t t0 = 0;
   for (int b = 0; b < batch.batch_size; ++b) {
     const int q = batch.q_len(b);
@@ -152,6 +154,10 @@ LayerReference reference_layer(const LatentKvPool& pool, int layer, const Forwar
         } else {
           const int64_t t = t0 + (i - prefix);
           v = d < 512 ? in.c_kv[t * 512 + d].to_float() : in.k_pe[t * 64 + d - 512].to_float();
+          if (fp8) {  // what the layer's kv write stores: fp8(value / k_scale), read * k_scale
+            v = static_cast<double>(fp8_e4m3::from_float(static_cast<float>(v) / k_scale)
+                                        .to_float()) * k_scale;
+          }
         }
         rows[static_cast<std::size_t>(i) * 576 + d] = v;
       }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "unit_util.h"
 
@@ -106,7 +107,7 @@ TEST(LatentKvPool, KScaleAppliesOnlyToFp8) {
   KvPoolConfig c = small_config(1);
   auto bf16_pool = make_pool(c);
   ASSERT_TRUE(bf16_pool);
-  bf16_pool->set_k_scale(0, 0.25f);
+  EXPECT_TRUE(bf16_pool->set_k_scale(0, 0.25f).ok());
   EXPECT_EQ(bf16_pool->k_scale(0), 1.0f);  // a bf16 cache is never scaled
 
   c.dtype = DType::kFP8E4M3;
@@ -116,11 +117,19 @@ TEST(LatentKvPool, KScaleAppliesOnlyToFp8) {
   EXPECT_EQ(fp8_pool->layer_cache(0).bytes(), static_cast<std::size_t>(9 * 576));
   EXPECT_EQ(fp8_pool->k_scale(0), 1.0f);
   EXPECT_EQ(fp8_pool->k_scale(1), 1.0f);
-  fp8_pool->set_k_scale(1, 0.5f);
+  ASSERT_TRUE(fp8_pool->set_k_scale(1, 0.5f).ok());
   EXPECT_EQ(fp8_pool->k_scale(1), 0.5f);
   EXPECT_EQ(fp8_pool->k_scale(0), 1.0f);
-  fp8_pool->set_k_scale(1, -2.0f);  // ignored: not a valid scale
-  fp8_pool->set_k_scale(7, 3.0f);   // ignored: no such layer
+  // Bad input: an error naming the field and value, and the scale stays what it was.
+  for (float bad : {-2.0f, 0.0f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    const Status s = fp8_pool->set_k_scale(1, bad);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("scale = "), std::string::npos) << s.message();
+  }
+  const Status no_layer = fp8_pool->set_k_scale(7, 3.0f);
+  EXPECT_EQ(no_layer.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_layer.message().find("layer = 7"), std::string::npos) << no_layer.message();
   EXPECT_EQ(fp8_pool->k_scale(1), 0.5f);
 }
 
