@@ -103,21 +103,35 @@ Status BackendBase::collect(const ForwardBatch& batch) {
   h.kv_indptr.resize(static_cast<std::size_t>(bs) + 1);
   h.qo_indptr[0] = 0;
   h.kv_indptr[0] = 0;
-  int max_q = 1;
+  // q_len / kv_len per mode (ForwardBatch::q_len / kv_len), resolved once for the whole batch:
+  // decode q 1 and kv seq; verify q n and kv seq + n; the extend modes q extend_seq_lens[b].
+  const ForwardMode mode = batch.mode;
+  const bool fixed_q = mode == ForwardMode::kDecode || mode == ForwardMode::kTargetVerify;
+  const int32_t q_fixed = mode == ForwardMode::kDecode ? 1 : batch.num_draft_tokens;
+  const int32_t kv_extra = mode == ForwardMode::kTargetVerify ? batch.num_draft_tokens : 0;
+  const int32_t* seq = batch.seq_lens.data();
+  const int32_t* ext = fixed_q ? nullptr : batch.extend_seq_lens.data();
+  const int32_t* rows = batch.req_pool_indices.data();
+  int32_t max_q = 1;
   bool prefix = false;
+  int32_t qo = 0, kvo = 0;
   for (int b = 0; b < bs; ++b) {
-    h.req_rows[b] = batch.req_pool_indices[static_cast<std::size_t>(b)];
-    h.q_lens[b] = batch.q_len(b);
-    h.kv_lens[b] = batch.kv_len(b);
-    h.prefix_lens[b] = h.kv_lens[b] - h.q_lens[b];
-    h.qo_indptr[b + 1] = h.qo_indptr[b] + h.q_lens[b];
-    h.kv_indptr[b + 1] = h.kv_indptr[b] + h.kv_lens[b];
-    max_q = std::max(max_q, h.q_lens[b]);
-    prefix = prefix || h.prefix_lens[b] > 0;
+    const int32_t q = fixed_q ? q_fixed : ext[b];
+    const int32_t kv = seq[b] + kv_extra;
+    h.req_rows[b] = rows[b];
+    h.q_lens[b] = q;
+    h.kv_lens[b] = kv;
+    h.prefix_lens[b] = kv - q;
+    qo += q;
+    kvo += kv;
+    h.qo_indptr[b + 1] = qo;
+    h.kv_indptr[b + 1] = kvo;
+    max_q = std::max(max_q, q);
+    prefix = prefix || kv > q;
   }
   batch_size_ = bs;
-  num_tokens_ = h.qo_indptr[bs];
-  kv_tokens_ = h.kv_indptr[bs];
+  num_tokens_ = qo;
+  kv_tokens_ = kvo;
   max_q_len_ = max_q;
   has_prefix_ = prefix;
   return Status::Ok();
