@@ -47,9 +47,15 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int ch) {
   return static_cast<uint32_t>((ch >> 3) * kBlockBytes) + sw128_offset(r, ch & 7);
 }
 
+template <bool kL2Hint = false>
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
+  if constexpr (kL2Hint) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+  }
 }
 
 __device__ __forceinline__ int32_t slot_of(const AbsorbedParams& p, const WorkUnit& u, int key,
@@ -70,6 +76,7 @@ __device__ __forceinline__ void load_q(const AbsorbedParams& p, const WorkUnit& 
   }
 }
 
+template <bool kL2Hint>
 __device__ __forceinline__ void load_kv(const AbsorbedParams& p, const int32_t* slots,
                                         uint32_t kv_s) {
 #pragma unroll 3
@@ -78,7 +85,7 @@ __device__ __forceinline__ void load_kv(const AbsorbedParams& p, const int32_t* 
     const int32_t slot = slots[k];
     const uint16_t* src =
         slot >= 0 ? p.kv_cache + static_cast<int64_t>(slot) * kDimQk + ch * 8 : p.kv_cache;
-    cp16(kv_s + tile_offset(k, ch), src, slot >= 0);
+    cp16<kL2Hint>(kv_s + tile_offset(k, ch), src, slot >= 0);
   }
 }
 
@@ -87,6 +94,10 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// kVariant (A/B switches, MLA_ABSORBED_WGMMA = kVariant + 1): 0 default; 1 key gathers carry
+// the .L2::256B prefetch hint; 2 DIAGNOSTIC ONLY, wrong results: only the first key tile of a
+// unit is gathered (the compute-only rate of the loop).
+template <int kVariant>
 __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned char* smem) {
   const int wgi = threadIdx.x >> 7;                   // warpgroup: key half (S), column half (O)
   const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
@@ -113,7 +124,7 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
     }
     load_q(p, u, q_s);
     __syncthreads();
-    if (n_tiles > 0) load_kv(p, slots, kv_s);
+    if (n_tiles > 0) load_kv<kVariant == 1>(p, slots, kv_s);
     asm volatile("cp.async.commit_group;\n");
 
     int lim[2];
@@ -135,6 +146,11 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
       fence_proxy_async();  // cp.async data -> visible to wgmma
       __syncthreads();      // tile t (and Q) landed for all; every warpgroup is done with t - 1
       const uint32_t k_tile = kv_s + stage * kTileBytes;
+      // Slot of key threadIdx.x of tile t + 2: loaded now, stored after P V, so the global
+      // latency never sits between the QK wgmmas and the softmax.
+      int32_t next_slot = -1;
+      const bool lookup = t + 2 < n_tiles && threadIdx.x < kBlockN;
+      if (lookup) next_slot = slot_of(p, u, tile_start + 2 * kBlockN + threadIdx.x, h.page_size);
 
       // compute_qk: S[64 rows x 32 keys] of this warpgroup, over 576 dims.
       float s[16];
@@ -147,15 +163,12 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
         wgmma_ss_bf16<32, 0>(s, da, db, kk > 0);
       }
       wgmma_commit();
-      // While the tensor cores work: gather tile t + 1, look up the slots of tile t + 2.
-      if (t + 1 < n_tiles) {
-        load_kv(p, slots + (stage ^ 1) * kBlockN, kv_s + (stage ^ 1) * kTileBytes);
+      // While the tensor cores work: gather tile t + 1.
+      if (t + 1 < n_tiles && (kVariant != 2 || t == 0)) {
+        load_kv<kVariant == 1>(p, slots + (stage ^ 1) * kBlockN,
+                               kv_s + (stage ^ 1) * kTileBytes);
       }
       asm volatile("cp.async.commit_group;\n");
-      if (t + 2 < n_tiles && threadIdx.x < kBlockN) {
-        slots[stage * kBlockN + threadIdx.x] =
-            slot_of(p, u, tile_start + 2 * kBlockN + threadIdx.x, h.page_size);
-      }
       wgmma_wait<0>();
       fence_regs(s);
 
@@ -225,6 +238,9 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
         wgmma_ss_bf16<256, 1>(o, da, db, true);
       }
       wgmma_commit();
+      // slots[stage] (tile t) was last read when tile t was gathered, before this iteration's
+      // first barrier; it is next read after the next iteration's first barrier.
+      if (lookup) slots[stage * kBlockN + threadIdx.x] = next_slot;
       wgmma_wait<0>();
       fence_regs(o);
     }
@@ -286,7 +302,14 @@ __global__ void __launch_bounds__(kThreads, 1) absorbed_attention_sm90_kernel(Ab
   if (static_cast<int>(blockIdx.x) >= h.num_ctas) return;
   if (h.rows_per_tile == kMaxRows) {
     const uint32_t a = sm90::smem_u32(sm90_smem);
-    wg::tile64(p, h, sm90_smem + (((a + 1023u) & ~1023u) - a));
+    unsigned char* aligned = sm90_smem + (((a + 1023u) & ~1023u) - a);
+    if (p.wgmma_tiles == 2) {
+      wg::tile64<1>(p, h, aligned);
+    } else if (p.wgmma_tiles == 3) {
+      wg::tile64<2>(p, h, aligned);
+    } else {
+      wg::tile64<0>(p, h, aligned);
+    }
     return;
   }
   Smem sm;

@@ -1,5 +1,5 @@
-// Probe of the wgmma primitives for the GPU unit test (tests/gpu/wgmma_gpu_test.cc): one warpgroup computes
-// D[64 x N] = A[64 x K] . B through src/kernels/cuda/sm90/wgmma.cuh. No gtest / fmt here (nvcc).
+// Probe of the wgmma primitives for the GPU unit test (tests/gpu/wgmma_gpu_test.cc): one
+// warpgroup computes D[64 x N] = A[64 x K] . B through sm90/wgmma.cuh. No gtest / fmt here (nvcc).
 #pragma once
 
 #include <cuda_runtime.h>
