@@ -27,7 +27,7 @@ int wgmma_mode() {
     const char* v = std::getenv("MLA_ABSORBED_WGMMA");
     if (v == nullptr) return 1;
     const std::string_view s(v);
-    return s == "0" ? 0 : s == "2" ? 2 : s == "3" ? 3 : 1;  // 2, 3: sm90_kernel.cuh A/B modes
+    return s == "0" ? 0 : s == "2" ? 2 : s == "3" ? 3 : 1;  // 2, 3: L2 prefetch depths
   }();
   return mode;
 }
