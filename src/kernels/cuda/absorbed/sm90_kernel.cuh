@@ -238,12 +238,15 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
             pack2(p2, p3);
       }
       fence_proxy_async();  // P stores -> visible to wgmma
+      // Rescale O unless no row of the warp changed its maximum (o * 1 == o: bitwise the same).
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 0] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j + 0] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
       }
       __syncthreads();  // P complete (both halves)
 
