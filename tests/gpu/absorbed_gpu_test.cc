@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "common/case_gen.h"
@@ -148,6 +149,91 @@ TEST_F(AbsorbedDevice, SplitScheduleMatchesReference) {
     const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
     EXPECT_TRUE(co.ok) << "heads " << heads << ": " << co.message;
     EXPECT_TRUE(cl.ok) << "heads " << heads << ": " << cl.message;
+  }
+}
+
+// Runs one batch eagerly (outputs poisoned first) and checks o / lse against the reference;
+// returns the plan header so callers can check the tile shape and the split.
+PlanHeader run_against_reference(const AbsorbedAttentionOp* op, uint64_t seed, int heads,
+                                 int page, const Batch& b) {
+  PlanHeader h{};
+  DeviceProblem d = make_problem(seed, heads, page, b);
+  int64_t max_tokens = 0;
+  for (int32_t ql : b.q_lens) max_tokens += ql;
+  AttnCapacity cap{static_cast<int>(b.q_lens.size()), std::max<int64_t>(max_tokens, 1), 0, 4,
+                   heads};
+  std::vector<std::byte> plan(op->plan_bytes(cap));
+  AbsorbedProblem p{heads, page, true, d.batch.rows, d.batch.q_lens, d.batch.kv_lens};
+  auto used = op->plan(p, cap, plan);
+  EXPECT_TRUE(used.ok()) << used.status().to_string();
+  if (!used.ok()) return h;
+  std::memcpy(&h, plan.data(), sizeof(h));
+  auto q = upload(d.q.data(), d.q.size() * 2, "q");
+  auto kv = upload(d.cache.bytes.data(), d.cache.bytes.size(), "kv");
+  auto r2t = upload(d.layout.req_to_token.data(), d.layout.req_to_token.size() * 4, "r2t");
+  auto plan_d = upload(plan.data(), plan.size(), "plan");
+  auto ws = DeviceBuffer::allocate(Device::cuda(), op->workspace_bytes(cap), "ws", "test", false);
+  auto o = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 512 * 2, "o", "test", false);
+  auto lse = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 4, "lse", "test", false);
+  EXPECT_TRUE(q.ok() && kv.ok() && r2t.ok() && plan_d.ok() && ws.ok() && o.ok() && lse.ok());
+  if (!(q.ok() && kv.ok() && r2t.ok() && plan_d.ok() && ws.ok() && o.ok() && lse.ok())) return h;
+  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
+  EXPECT_TRUE(rt->memset(o->data(), 0xff, o->bytes(), nullptr).ok());
+  EXPECT_TRUE(rt->memset(lse->data(), 0xff, lse->bytes(), nullptr).ok());
+  AbsorbedArgs a;
+  a.q = TensorView(q->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 576});
+  a.kv_cache = TensorView(kv->data(), DType::kBF16, Device::cuda(), {d.layout.num_slots, 576});
+  a.req_to_token = TensorView(r2t->data(), DType::kI32, Device::cuda(),
+                              {d.layout.num_rows, d.layout.max_context_len});
+  a.o = TensorView(o->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 512});
+  a.lse = TensorView(lse->data(), DType::kF32, Device::cuda(), {d.tokens, heads});
+  a.sm_scale = 0.135234f;
+  a.plan = plan_d->data();
+  a.workspace = ws->data();
+  a.workspace_bytes = ws->bytes();
+  const Status st = op->run(a, ExecContext{Device::cuda(), nullptr});
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  std::vector<bf16> o_h(d.tokens * heads * 512);
+  std::vector<float> lse_h(d.tokens * heads);
+  EXPECT_TRUE(rt->copy_to_host(o_h.data(), o->data(), o->bytes(), nullptr).ok());
+  EXPECT_TRUE(rt->copy_to_host(lse_h.data(), lse->data(), lse->bytes(), nullptr).ok());
+  const RefAttention ref = reference_of(d);
+  const Comparison co = compare_values("o", to_float(o_h), ref.o, default_tolerance(DType::kBF16));
+  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
+  EXPECT_TRUE(co.ok) << "heads " << heads << " page " << page << ": " << co.message;
+  EXPECT_TRUE(cl.ok) << "heads " << heads << " page " << page << ": " << cl.message;
+  return h;
+}
+
+// 64-row tiles (the sm90 wgmma kernel when MLA_ABSORBED_WGMMA is not 0): heads x q_len = 64,
+// 128, 256 rows, page 1 and 64, short / ragged / long (split) key ranges.
+TEST_F(AbsorbedDevice, RowTiles64MatchReference) {
+  struct Case {
+    int heads, page;
+    Batch b;
+    bool expect_split;
+  };
+  const std::vector<Case> cases = {
+      {128, 64, {{}, {1, 1, 1}, {4096, 100, 1}}, true},
+      {128, 1, {{}, {1, 1, 1}, {4096, 100, 1}}, true},
+      {64, 64, {{}, {1, 1, 1, 1}, {2000, 65, 7, 129}}, true},
+      {64, 1, {{}, {1, 1, 1, 1}, {2000, 65, 7, 129}}, true},
+      {32, 64, {{}, {2, 2}, {1500, 3}}, true},
+      {16, 16, {{}, {4, 1}, {777, 64}}, false},
+      {128, 64, {{}, {2, 1}, {3000, 50}}, true},
+      {64, 1, {{}, {4, 2}, {2500, 9}}, true},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("case " + std::to_string(i) + ": heads " + std::to_string(c.heads) + ", page " +
+                 std::to_string(c.page));
+    const PlanHeader h = run_against_reference(op_, mix_seed(base_seed(), 900 + i), c.heads,
+                                               c.page, c.b);
+    EXPECT_EQ(h.rows_per_tile, 64);
+    if (c.expect_split) {
+      EXPECT_GT(h.num_combines, 0) << "expected a split schedule";
+    }
+    ++i;
   }
 }
 

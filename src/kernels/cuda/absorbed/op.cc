@@ -2,6 +2,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/cuda/absorbed/launcher.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
@@ -15,6 +18,19 @@ namespace {
 
 // Without a device (host-only planning tests) plans are made for an H200's 132 SMs.
 constexpr int kDefaultCtas = 132;
+
+// The sm90 wgmma kernel for 64-row tiles (bf16 cache); MLA_ABSORBED_WGMMA=0 keeps every tile on
+// the mma.sync kernel (A/B comparisons). Read once: the choice is fixed for the process, so a
+// captured graph never sees it change.
+int wgmma_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("MLA_ABSORBED_WGMMA");
+    if (v == nullptr) return 1;
+    const std::string_view s(v);
+    return s == "0" ? 0 : s == "2" ? 2 : s == "3" ? 3 : 1;  // 2, 3: L2 prefetch depths
+  }();
+  return mode;
+}
 
 int grid_ctas() {
   const int n = sm_count(current_device());
@@ -92,6 +108,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
                                              (o_bytes + 255) / 256 * 256);
     p.plan = static_cast<const unsigned char*>(a.plan);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+    p.wgmma_tiles = a.kv_cache.dtype == DType::kBF16 ? wgmma_mode() : 0;
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     const absorbed::LaunchResult r = absorbed::launch_absorbed(p, ctas, stream);
     if (r.error != cudaSuccess) return cuda_status(r.error, r.what, __FILE__, __LINE__);

@@ -62,6 +62,7 @@ struct AbsorbedParams {
   float* partial_lse;            // f32 [max_partials, 64] (workspace)
   const unsigned char* plan;     // device copy of the plan bytes
   float scale_log2;              // sm_scale * log2(e): logits in base-2 units
+  int32_t wgmma_tiles;           // 1: launch the sm90 kernel (64-row tiles on wgmma; bf16 only)
 };
 
 }  // namespace mla::cuda::absorbed
