@@ -261,6 +261,30 @@ TEST(CudaPrefillOps, MhaMatchesReferenceAcrossTilesAndSteps) {
   expect_mha_matches_reference(s, {0, 200, 203, 333}, {0, 0, 150, 213}, false);
 }
 
+// Edges of the wgmma kernel's tiles (128 query rows = 2 warpgroups of 64, 128-key steps):
+// lengths off the tile grid, causal offsets that put the diagonal inside a warpgroup's rows or on
+// its boundary, square prefill, zero-length q and kv rows, and 16 to 128 heads (head groups of
+// 16 share K/V in L2; fewer heads than a group too).
+TEST(CudaPrefillOps, MhaWgmmaTileEdgesMatchReference) {
+  MLA_SKIP_WITHOUT_GPU();
+  {
+    MhaSetup s(16, AttnCapacity{4, 700, 1500, 1, 16}, mix_seed(base_seed(), 0x54));
+    // Causal: 1 row on 1 key; 128 rows on 256 keys (offset 128); 261 rows on 443 keys (offset
+    // 182: the diagonal cuts both warpgroups and the key steps off the grid); 300 square.
+    expect_mha_matches_reference(s, {0, 1, 129, 390, 690}, {0, 1, 257, 700, 1000}, true);
+    // Causal offsets of exactly 64 (warpgroup boundary) and 1, and a request with no query rows.
+    expect_mha_matches_reference(s, {0, 200, 200, 455}, {0, 264, 300, 556}, true);
+    // Non-causal chunks: no keys, 129 keys, 385 keys, 1 key.
+    expect_mha_matches_reference(s, {0, 70, 200, 201, 330}, {0, 0, 129, 514, 515}, false);
+  }
+  for (const int heads : {8, 32, 64, 128}) {
+    SCOPED_TRACE(heads);
+    MhaSetup s(heads, AttnCapacity{2, 200, 400, 1, heads}, mix_seed(base_seed(), 0x55 + heads));
+    expect_mha_matches_reference(s, {0, 150, 190}, {0, 330, 370}, true);
+    expect_mha_matches_reference(s, {0, 130, 190}, {0, 200, 333}, false);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // CUDA graphs.
 

@@ -1,5 +1,8 @@
-// MhaAttentionOp on CUDA: host planning (plan.cc) + the FlashAttention-2 style kernel.
+// MhaAttentionOp on CUDA: host planning (plan.cc) + the Hopper wgmma kernel (sm90_kernel.cuh),
+// with the FlashAttention-2 style kernel (kernel.cuh) as a selectable fallback.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "kernels/cuda/common.h"
@@ -11,6 +14,17 @@
 
 namespace mla::cuda {
 namespace {
+
+// The wgmma kernel unless MLA_MHA_KERNEL=mma_sync asks for the FlashAttention-2 style one (read
+// once per process).
+mha::MhaKernel selected_kernel() {
+  static const mha::MhaKernel kernel = [] {
+    const char* env = std::getenv("MLA_MHA_KERNEL");
+    return env != nullptr && std::strcmp(env, "mma_sync") == 0 ? mha::MhaKernel::kMmaSync
+                                                               : mha::MhaKernel::kSm90Wgmma;
+  }();
+  return kernel;
+}
 
 class CudaMhaOp final : public MhaAttentionOp {
  public:
@@ -67,7 +81,7 @@ class CudaMhaOp final : public MhaAttentionOp {
     MLA_CHECK_CODE(StatusCode::kCudaError, grid > 0, "cuda mha: no multiprocessors on {}",
                    dev.to_string());
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    MLA_CUDA_RETURN_IF_ERROR(mha::launch_mha_forward(p, grid, stream));
+    MLA_CUDA_RETURN_IF_ERROR(mha::launch_mha_forward(p, grid, stream, selected_kernel()));
     MLA_CUDA_CHECK_LAUNCH("mha_fwd_kernel", stream);
     return Status::Ok();
   }

@@ -1,0 +1,268 @@
+// Ragged MHA forward for Hopper (sm_90a), FlashAttention-3 style without a producer warp:
+// one CTA of 2 consumer warpgroups runs a 128-row query tile of one head (64 rows per
+// warpgroup); K tiles (128 keys x 192) and V tiles (128 keys x 128) are double-buffered in
+// 128-byte-swizzled smem by cp.async from all 256 threads; S = Q K^T by wgmma m64n128k16 SS
+// (Q and K K-major), online softmax on the accumulator fragment (log2 domain), P stays in
+// registers as the A operand of O += P V (wgmma RS, V read MN-major). Same plan, LSE and
+// empty-row conventions as the mma.sync kernel (kernel.cuh).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/mha/params.h"
+#include "kernels/cuda/mha/traits.h"
+#include "kernels/cuda/sm90/wgmma.cuh"
+
+namespace mla::cuda::mha::sm90k {
+
+using T9 = MhaSm90Traits;
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Copies rows [0, rows_valid) of a [kRows, kChunks * 8] bf16 global tile into the 128B-swizzled
+// layout: column block b (64 bf16) of row r at b * kRows * 128 + r * 128, 16-byte chunk c of the
+// block at chunk c ^ (r % 8). Rows past rows_valid are zero-filled (nothing read).
+template <int kRows, int kChunks>
+__device__ __forceinline__ void load_tile_sw128(uint32_t smem, const uint16_t* g,
+                                                int64_t row_stride, int rows_valid, int tid) {
+  constexpr int kIters = kRows * kChunks / T9::kThreads;
+  static_assert(kRows * kChunks % T9::kThreads == 0);
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = it * T9::kThreads + tid;
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const bool valid = row < rows_valid;
+    const uint16_t* src = valid ? g + row * row_stride + chunk * 8 : g;
+    const uint32_t dst = smem + static_cast<uint32_t>((chunk >> 3) * kRows * 128 + row * 128 +
+                                                      (((chunk & 7) ^ (row & 7)) << 4));
+    cp_async_16(dst, src, valid);
+  }
+}
+
+// Logits into the log2 domain; keys a row may not see (key >= kv_len, or key > diag + row) get
+// -inf. s[4 * j + e]: row row0 + 8 * (e / 2), key key_base + 8 * j + 2 * (lane % 4) + e % 2.
+__device__ __forceinline__ void scale_and_mask(float (&s)[T9::kBlockN / 2], int key_base,
+                                               int kv_len, int diag, int row0, float scale_log2,
+                                               bool need_mask, int lane) {
+  const int t = lane & 3;
+  if (!need_mask) {
+#pragma unroll
+    for (int j = 0; j < T9::kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[4 * j + e] *= scale_log2;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < T9::kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_base + j * 8 + 2 * t + (e & 1);
+      const int row = row0 + (e >> 1) * 8;
+      const bool visible = key < kv_len && key <= diag + row;
+      s[4 * j + e] = visible ? s[4 * j + e] * scale_log2 : -INFINITY;
+    }
+  }
+}
+
+// Online softmax over the step for the thread's two rows: running max m and sum l, rescale of
+// the output accumulator, s turned into probabilities.
+__device__ __forceinline__ void online_softmax(float (&s)[T9::kBlockN / 2], float (&m)[2],
+                                               float (&l)[2], float (&o)[T9::kHeadDimV / 2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < T9::kBlockN / 8; ++j)
+      mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[r], mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays at 0
+    const float alpha = exp2f(m[r] - m_use);
+    m[r] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < T9::kBlockN / 8; ++j) {
+      s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - m_use);
+      s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - m_use);
+      sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+    }
+    l[r] = l[r] * alpha + sum;
+#pragma unroll
+    for (int d = 0; d < T9::kHeadDimV / 8; ++d) {
+      o[4 * d + 2 * r] *= alpha;
+      o[4 * d + 2 * r + 1] *= alpha;
+    }
+  }
+}
+
+// Normalises and stores the thread's two rows; a row that saw no key gets o = 0, lse = -inf.
+__device__ __forceinline__ void write_o(const MhaParams& p, const MhaTile& tile, int head,
+                                        float (&o)[T9::kHeadDimV / 2], const float (&m)[2],
+                                        float (&l)[2], int row0, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = row0 + r * 8;
+    if (row >= tile.q_rows) continue;
+    const bool empty = l[r] == 0.f;
+    const float inv = empty ? 0.f : 1.f / l[r];
+    const int64_t q_row = tile.q_start + row;
+    uint16_t* dst = p.o + q_row * p.o_row_stride + head * p.o_head_stride + 2 * t;
+#pragma unroll
+    for (int d = 0; d < T9::kHeadDimV / 8; ++d) {
+      *reinterpret_cast<uint32_t*>(dst + d * 8) =
+          pack_bf16(o[4 * d + 2 * r] * inv, o[4 * d + 2 * r + 1] * inv);
+    }
+    if (p.lse != nullptr && t == 0) {
+      p.lse[q_row * p.lse_row_stride + head] =
+          empty ? -INFINITY : (m[r] + log2f(l[r])) * 0.69314718055994531f;
+    }
+  }
+}
+
+__device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile, int head,
+                                         uint32_t q_smem, uint32_t k_smem, uint32_t v_smem) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wg = tid / 128;
+  const int lane = tid % 32;
+  const int row0 = wg * 64 + ((tid % 128) / 32) * 16 + (lane >> 2);
+  // Keys the tile needs at all: the last row sees diag + q_rows of them.
+  int kv_end = tile.kv_len;
+  if (tile.diag != kNoDiag) kv_end = min(kv_end, max(tile.diag + tile.q_rows, 0));
+  const int num_steps = (kv_end + T9::kBlockN - 1) / T9::kBlockN;
+
+  float o[T9::kHeadDimV / 2];
+#pragma unroll
+  for (int i = 0; i < T9::kHeadDimV / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  if (num_steps > 0) {
+    const uint16_t* q_g = p.q + tile.q_start * p.q_row_stride + head * p.q_head_stride;
+    const uint16_t* k_g = p.k + tile.kv_start * p.k_row_stride + head * p.k_head_stride;
+    const uint16_t* v_g = p.v + tile.kv_start * p.v_row_stride + head * p.v_head_stride;
+    load_tile_sw128<T9::kBlockM, T9::kQkChunks>(q_smem, q_g, p.q_row_stride, tile.q_rows, tid);
+    load_tile_sw128<T9::kBlockN, T9::kQkChunks>(k_smem, k_g, p.k_row_stride, kv_end, tid);
+    load_tile_sw128<T9::kBlockN, T9::kVChunks>(v_smem, v_g, p.v_row_stride, kv_end, tid);
+    cp_async_commit();
+
+    // Descriptors without the start address: Q/K K-major (SBO 1024, LBO unused), V MN-major
+    // (LBO: the next 64-column block, SBO: the next 8 keys).
+    const uint64_t q_desc = sm90::desc_k_sw128(q_smem + wg * 64 * 128);
+    const uint64_t k_desc0 = sm90::desc_k_sw128(k_smem);
+    const uint64_t v_desc0 = sm90::desc_mn_sw128(v_smem, T9::kVBlockBytes);
+    const int diag_wg = tile.diag == kNoDiag ? kNoDiag : tile.diag + wg * 64;
+
+    for (int step = 0; step < num_steps; ++step) {
+      const int stage = step & 1;
+      if (step + 1 < num_steps) {
+        const int next = (step + 1) * T9::kBlockN;
+        load_tile_sw128<T9::kBlockN, T9::kQkChunks>(k_smem + (stage ^ 1) * T9::kKBytes,
+                                                    k_g + next * p.k_row_stride, p.k_row_stride,
+                                                    kv_end - next, tid);
+        load_tile_sw128<T9::kBlockN, T9::kVChunks>(v_smem + (stage ^ 1) * T9::kVBytes,
+                                                   v_g + next * p.v_row_stride, p.v_row_stride,
+                                                   kv_end - next, tid);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      sm90::fence_proxy_async();
+      __syncthreads();
+
+      // S[64 x 128] = Q[64 x 192] K^T: 12 k-steps of 16, 4 per 64-column swizzle block.
+      float s[T9::kBlockN / 2];
+      const uint64_t k_desc = k_desc0 + ((stage * T9::kKBytes) >> 4);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < T9::kHeadDimQk / 16; ++kk) {
+        const uint32_t off_q = (kk / 4) * T9::kQBlockBytes + (kk % 4) * 32;
+        const uint32_t off_k = (kk / 4) * T9::kKBlockBytes + (kk % 4) * 32;
+        sm90::wgmma_ss_bf16<T9::kBlockN, 0>(s, q_desc + (off_q >> 4), k_desc + (off_k >> 4),
+                                            kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(s);
+
+      const int key_base = step * T9::kBlockN;
+      const bool need_mask =
+          key_base + T9::kBlockN > tile.kv_len || key_base + T9::kBlockN - 1 > diag_wg;
+      sm90k::scale_and_mask(s, key_base, tile.kv_len, tile.diag, row0, p.scale_log2, need_mask,
+                            lane);
+      sm90k::online_softmax(s, m, l, o);
+
+      // O[64 x 128] += P[64 x 128] V[128 x 128]: 8 k-steps of 16 keys (2048 bytes each).
+      const uint64_t v_desc = v_desc0 + ((stage * T9::kVBytes) >> 4);
+      // P as bf16 A fragments (the mma.sync m16n8k16 A layout), all packed before the fence so
+      // no register is written between the wgmmas.
+      uint32_t pa[T9::kBlockN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < T9::kBlockN / 16; ++kk) {
+        pa[kk][0] = pack_bf16(s[4 * (2 * kk) + 0], s[4 * (2 * kk) + 1]);
+        pa[kk][1] = pack_bf16(s[4 * (2 * kk) + 2], s[4 * (2 * kk) + 3]);
+        pa[kk][2] = pack_bf16(s[4 * (2 * kk + 1) + 0], s[4 * (2 * kk + 1) + 1]);
+        pa[kk][3] = pack_bf16(s[4 * (2 * kk + 1) + 2], s[4 * (2 * kk + 1) + 3]);
+      }
+      sm90::fence_regs(o);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < T9::kBlockN / 16; ++kk) {
+        sm90::wgmma_rs_bf16<T9::kHeadDimV, 1>(o, pa[kk], v_desc + ((kk * 16 * 128) >> 4), true);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(o);
+      __syncthreads();  // the stage is refilled by the next step's prefetch
+    }
+  }
+  sm90k::write_o(p, tile, head, o, m, l, row0, lane);
+}
+
+// Units: (tile, head) pairs in groups of kHeadGroup heads, tile-major inside a group, so the CTAs
+// running at the same time share the K/V of a few heads in L2.
+__global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const MhaParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (sm90::smem_u32(smem_raw) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  const uint32_t q_smem = base;
+  const uint32_t k_smem = q_smem + T9::kQBytes;
+  const uint32_t v_smem = k_smem + T9::kStages * T9::kKBytes;
+  const auto* header = static_cast<const MhaPlanHeader*>(p.plan);
+  const auto* tiles = reinterpret_cast<const MhaTile*>(header + 1);
+  const int num_tiles = header->num_tiles;
+  const int heads = p.num_heads;
+  const int num_units = num_tiles * heads;
+  const int group_units = num_tiles * T9::kHeadGroup;
+  for (int unit = static_cast<int>(blockIdx.x); unit < num_units;
+       unit += static_cast<int>(gridDim.x)) {
+    const int group = unit / group_units;
+    const int r = unit - group * group_units;
+    const int group_heads = min(T9::kHeadGroup, heads - group * T9::kHeadGroup);
+    const MhaTile tile = tiles[r / group_heads];
+    sm90k::run_unit(p, tile, group * T9::kHeadGroup + r % group_heads, q_smem, k_smem, v_smem);
+  }
+}
+
+}  // namespace mla::cuda::mha::sm90k
