@@ -9,6 +9,7 @@
 #include "kernels/cuda/mha/launcher.h"
 #include "kernels/cuda/mha/params.h"
 #include "kernels/cuda/mha/plan.h"
+#include "kernels/cuda/mha/traits.h"
 #include "kernels/cuda/mha/view_checks.h"
 #include "kernels/cuda/ops_factory.h"
 
@@ -24,6 +25,23 @@ mha::MhaKernel selected_kernel() {
                                                                : mha::MhaKernel::kSm90Wgmma;
   }();
   return kernel;
+}
+
+// Tuning knobs of the wgmma kernel (read once): MLA_MHA_HEAD_GROUP (heads whose units run
+// together, >= 1) and MLA_MHA_PINGPONG (0 turns the warpgroup ordering off).
+int env_int(const char* name, int fallback, int lo) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  const int v = std::atoi(env);
+  return v >= lo ? v : fallback;
+}
+int head_group() {
+  static const int v = env_int("MLA_MHA_HEAD_GROUP", mha::MhaSm90Traits::kHeadGroup, 1);
+  return v;
+}
+int pingpong() {
+  static const int v = env_int("MLA_MHA_PINGPONG", 1, 0) != 0 ? 1 : 0;
+  return v;
 }
 
 class CudaMhaOp final : public MhaAttentionOp {
@@ -77,6 +95,8 @@ class CudaMhaOp final : public MhaAttentionOp {
     p.lse_row_stride = a.lse.empty() ? 0 : a.lse.stride[0];
     p.num_heads = static_cast<int>(h);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+    p.head_group = head_group();
+    p.pingpong = pingpong();
     const int grid = sm_count(dev.index);
     MLA_CHECK_CODE(StatusCode::kCudaError, grid > 0, "cuda mha: no multiprocessors on {}",
                    dev.to_string());

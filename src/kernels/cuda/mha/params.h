@@ -44,6 +44,10 @@ struct MhaParams {
   int64_t lse_row_stride;               // elements between tokens; heads contiguous
   int num_heads;
   float scale_log2;  // sm_scale * log2(e)
+  // wgmma kernel only (tuning knobs, set by mha_op.cc): heads whose units concurrent CTAs share
+  // (L2 reuse of K/V), and whether warpgroup 1 issues its QK^T after warpgroup 0 (ping-pong).
+  int head_group;
+  int pingpong;
 };
 
 }  // namespace mla::cuda::mha

@@ -35,6 +35,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Named barrier 0 is __syncthreads; 1 orders the two warpgroups' QK^T issue.
+constexpr int kPingPongBarrier = 1;
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Copies rows [0, rows_valid) of a [kRows, kChunks * 8] bf16 global tile into the 128B-swizzled
 // layout: column block b (64 bf16) of row r at b * kRows * 128 + r * 128, 16-byte chunk c of the
 // block at chunk c ^ (r % 8). Rows past rows_valid are zero-filled (nothing read).
@@ -56,36 +65,29 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t smem, const uint16_t* g
   }
 }
 
-// Logits into the log2 domain; keys a row may not see (key >= kv_len, or key > diag + row) get
-// -inf. s[4 * j + e]: row row0 + 8 * (e / 2), key key_base + 8 * j + 2 * (lane % 4) + e % 2.
-__device__ __forceinline__ void scale_and_mask(float (&s)[T9::kBlockN / 2], int key_base,
-                                               int kv_len, int diag, int row0, float scale_log2,
-                                               bool need_mask, int lane) {
+// Masks keys a row may not see (key >= kv_len, or key > diag + row) with -inf; the logits stay
+// unscaled (the softmax folds the scale into its exp2 FMA). s[4 * j + e]: row row0 + 8 * (e / 2),
+// key key_base + 8 * j + 2 * (lane % 4) + e % 2.
+__device__ __forceinline__ void apply_mask(float (&s)[T9::kBlockN / 2], int key_base, int kv_len,
+                                           int diag, int row0, int lane) {
   const int t = lane & 3;
-  if (!need_mask) {
-#pragma unroll
-    for (int j = 0; j < T9::kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[4 * j + e] *= scale_log2;
-    }
-    return;
-  }
 #pragma unroll
   for (int j = 0; j < T9::kBlockN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = key_base + j * 8 + 2 * t + (e & 1);
       const int row = row0 + (e >> 1) * 8;
-      const bool visible = key < kv_len && key <= diag + row;
-      s[4 * j + e] = visible ? s[4 * j + e] * scale_log2 : -INFINITY;
+      if (!(key < kv_len && key <= diag + row)) s[4 * j + e] = -INFINITY;
     }
   }
 }
 
-// Online softmax over the step for the thread's two rows: running max m and sum l, rescale of
-// the output accumulator, s turned into probabilities.
+// Online softmax over the step for the thread's two rows, in the log2 domain: running max m
+// (scaled), sum l, rescale of the output accumulator, s turned into probabilities
+// exp2(s * scale_log2 - m) with one FMA each.
 __device__ __forceinline__ void online_softmax(float (&s)[T9::kBlockN / 2], float (&m)[2],
-                                               float (&l)[2], float (&o)[T9::kHeadDimV / 2]) {
+                                               float (&l)[2], float (&o)[T9::kHeadDimV / 2],
+                                               float scale_log2) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -94,15 +96,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[T9::kBlockN / 2], floa
       mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[r], mx);
+    const float m_new = fmaxf(m[r], mx * scale_log2);      // scale > 0: max commutes with it
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays at 0
     const float alpha = exp2f(m[r] - m_use);
     m[r] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < T9::kBlockN / 8; ++j) {
-      s[4 * j + 2 * r] = exp2f(s[4 * j + 2 * r] - m_use);
-      s[4 * j + 2 * r + 1] = exp2f(s[4 * j + 2 * r + 1] - m_use);
+      s[4 * j + 2 * r] = exp2f(fmaf(s[4 * j + 2 * r], scale_log2, -m_use));
+      s[4 * j + 2 * r + 1] = exp2f(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_use));
       sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
     }
     l[r] = l[r] * alpha + sum;
@@ -176,25 +178,18 @@ __device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile
 
     for (int step = 0; step < num_steps; ++step) {
       const int stage = step & 1;
-      if (step + 1 < num_steps) {
-        const int next = (step + 1) * T9::kBlockN;
-        load_tile_sw128<T9::kBlockN, T9::kQkChunks>(k_smem + (stage ^ 1) * T9::kKBytes,
-                                                    k_g + next * p.k_row_stride, p.k_row_stride,
-                                                    kv_end - next, tid);
-        load_tile_sw128<T9::kBlockN, T9::kVChunks>(v_smem + (stage ^ 1) * T9::kVBytes,
-                                                   v_g + next * p.v_row_stride, p.v_row_stride,
-                                                   kv_end - next, tid);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+      // One barrier per step: after it the current stage is visible to the async proxy and
+      // every thread has finished step - 1, so the other stage can be refilled.
+      cp_async_wait<0>();
       sm90::fence_proxy_async();
       __syncthreads();
 
       // S[64 x 128] = Q[64 x 192] K^T: 12 k-steps of 16, 4 per 64-column swizzle block.
+      // Ping-pong: warpgroup 1 issues after warpgroup 0, so the tensor cores run S0, S1, PV0,
+      // PV1 in order and each warpgroup's softmax overlaps the other's matrix work.
       float s[T9::kBlockN / 2];
       const uint64_t k_desc = k_desc0 + ((stage * T9::kKBytes) >> 4);
+      if (p.pingpong && wg == 1) named_barrier_sync(kPingPongBarrier, T9::kThreads);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < T9::kHeadDimQk / 16; ++kk) {
@@ -204,15 +199,26 @@ __device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile
                                             kk > 0);
       }
       sm90::wgmma_commit();
+      if (p.pingpong && wg == 0) named_barrier_arrive(kPingPongBarrier, T9::kThreads);
+      // Next step's K/V into the other stage while the tensor cores run QK^T.
+      if (step + 1 < num_steps) {
+        const int next = (step + 1) * T9::kBlockN;
+        load_tile_sw128<T9::kBlockN, T9::kQkChunks>(k_smem + (stage ^ 1) * T9::kKBytes,
+                                                    k_g + next * p.k_row_stride, p.k_row_stride,
+                                                    kv_end - next, tid);
+        load_tile_sw128<T9::kBlockN, T9::kVChunks>(v_smem + (stage ^ 1) * T9::kVBytes,
+                                                   v_g + next * p.v_row_stride, p.v_row_stride,
+                                                   kv_end - next, tid);
+        cp_async_commit();
+      }
       sm90::wgmma_wait<0>();
       sm90::fence_regs(s);
 
       const int key_base = step * T9::kBlockN;
       const bool need_mask =
           key_base + T9::kBlockN > tile.kv_len || key_base + T9::kBlockN - 1 > diag_wg;
-      sm90k::scale_and_mask(s, key_base, tile.kv_len, tile.diag, row0, p.scale_log2, need_mask,
-                            lane);
-      sm90k::online_softmax(s, m, l, o);
+      if (need_mask) sm90k::apply_mask(s, key_base, tile.kv_len, tile.diag, row0, lane);
+      sm90k::online_softmax(s, m, l, o, p.scale_log2);
 
       // O[64 x 128] += P[64 x 128] V[128 x 128]: 8 k-steps of 16 keys (2048 bytes each).
       const uint64_t v_desc = v_desc0 + ((stage * T9::kVBytes) >> 4);
@@ -235,13 +241,13 @@ __device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       sm90::fence_regs(o);
-      __syncthreads();  // the stage is refilled by the next step's prefetch
     }
+    __syncthreads();  // smem (Q, both stages) is free for the next unit's loads
   }
   sm90k::write_o(p, tile, head, o, m, l, row0, lane);
 }
 
-// Units: (tile, head) pairs in groups of kHeadGroup heads, tile-major inside a group, so the CTAs
+// Units: (tile, head) pairs in groups of p.head_group heads, tile-major inside a group, so the CTAs
 // running at the same time share the K/V of a few heads in L2.
 __global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const MhaParams p) {
   extern __shared__ unsigned char smem_raw[];
@@ -254,14 +260,15 @@ __global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const Mha
   const int num_tiles = header->num_tiles;
   const int heads = p.num_heads;
   const int num_units = num_tiles * heads;
-  const int group_units = num_tiles * T9::kHeadGroup;
+  const int head_group = p.head_group;
+  const int group_units = num_tiles * head_group;
   for (int unit = static_cast<int>(blockIdx.x); unit < num_units;
        unit += static_cast<int>(gridDim.x)) {
     const int group = unit / group_units;
     const int r = unit - group * group_units;
-    const int group_heads = min(T9::kHeadGroup, heads - group * T9::kHeadGroup);
+    const int group_heads = min(head_group, heads - group * head_group);
     const MhaTile tile = tiles[r / group_heads];
-    sm90k::run_unit(p, tile, group * T9::kHeadGroup + r % group_heads, q_smem, k_smem, v_smem);
+    sm90k::run_unit(p, tile, group * head_group + r % group_heads, q_smem, k_smem, v_smem);
   }
 }
 
