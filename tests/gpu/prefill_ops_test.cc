@@ -65,6 +65,8 @@ TEST(CudaMhaPlan, EveryQueryRowCoveredOnceHeaviestFirst) {
     EXPECT_EQ(*used, sizeof(MhaPlanHeader) + tiles.size() * sizeof(MhaTile));
     EXPECT_EQ(header.num_heads, 16);
     EXPECT_EQ(header.batch_size, bs);
+    EXPECT_GE(header.head_group, 4);
+    EXPECT_LE(header.head_group, 16);
     std::vector<int> covered(static_cast<std::size_t>(qo.back()), 0);
     int prev_keys = 1 << 30;
     for (const MhaTile& t : tiles) {
@@ -263,8 +265,9 @@ TEST(CudaPrefillOps, MhaMatchesReferenceAcrossTilesAndSteps) {
 
 // Edges of the wgmma kernel's tiles (128 query rows = 2 warpgroups of 64, 128-key steps):
 // lengths off the tile grid, causal offsets that put the diagonal inside a warpgroup's rows or on
-// its boundary, square prefill, zero-length q and kv rows, and 16 to 128 heads (head groups of
-// 16 share K/V in L2; fewer heads than a group too).
+// its boundary, square prefill, zero-length q and kv rows, and 8 to 128 heads (fewer heads than
+// a head group too; with 64 and 128 heads a CTA runs several units, so the next unit's Q and
+// first K/V stage are prefetched during the last step of the previous one).
 TEST(CudaPrefillOps, MhaWgmmaTileEdgesMatchReference) {
   MLA_SKIP_WITHOUT_GPU();
   {
@@ -282,6 +285,8 @@ TEST(CudaPrefillOps, MhaWgmmaTileEdgesMatchReference) {
     MhaSetup s(heads, AttnCapacity{2, 200, 400, 1, heads}, mix_seed(base_seed(), 0x55 + heads));
     expect_mha_matches_reference(s, {0, 150, 190}, {0, 330, 370}, true);
     expect_mha_matches_reference(s, {0, 130, 190}, {0, 200, 333}, false);
+    // Units without keys between units with keys (the cross-unit prefetch skips them).
+    expect_mha_matches_reference(s, {0, 60, 190}, {0, 0, 370}, false);
   }
 }
 

@@ -9,7 +9,6 @@
 #include "kernels/cuda/mha/launcher.h"
 #include "kernels/cuda/mha/params.h"
 #include "kernels/cuda/mha/plan.h"
-#include "kernels/cuda/mha/traits.h"
 #include "kernels/cuda/mha/view_checks.h"
 #include "kernels/cuda/ops_factory.h"
 
@@ -28,7 +27,8 @@ mha::MhaKernel selected_kernel() {
 }
 
 // Tuning knobs of the wgmma kernel (read once): MLA_MHA_HEAD_GROUP (heads whose units run
-// together, >= 1) and MLA_MHA_PINGPONG (0 turns the warpgroup ordering off).
+// together, >= 1; default: the plan's), MLA_MHA_PINGPONG and MLA_MHA_PREFETCH (0 turns the
+// warpgroup ordering / the cross-unit prefetch off).
 int env_int(const char* name, int fallback, int lo) {
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return fallback;
@@ -36,11 +36,15 @@ int env_int(const char* name, int fallback, int lo) {
   return v >= lo ? v : fallback;
 }
 int head_group() {
-  static const int v = env_int("MLA_MHA_HEAD_GROUP", mha::MhaSm90Traits::kHeadGroup, 1);
+  static const int v = env_int("MLA_MHA_HEAD_GROUP", 0, 1);  // 0: the plan's choice
   return v;
 }
 int pingpong() {
   static const int v = env_int("MLA_MHA_PINGPONG", 1, 0) != 0 ? 1 : 0;
+  return v;
+}
+int prefetch() {
+  static const int v = env_int("MLA_MHA_PREFETCH", 1, 0) != 0 ? 1 : 0;
   return v;
 }
 
@@ -97,6 +101,7 @@ class CudaMhaOp final : public MhaAttentionOp {
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
     p.head_group = head_group();
     p.pingpong = pingpong();
+    p.prefetch = prefetch();
     const int grid = sm_count(dev.index);
     MLA_CHECK_CODE(StatusCode::kCudaError, grid > 0, "cuda mha: no multiprocessors on {}",
                    dev.to_string());

@@ -35,8 +35,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Named barrier 0 is __syncthreads; 1 orders the two warpgroups' QK^T issue.
+// 2^x with denormal results flushed to zero: one MUFU.EX2 (exp2f's non-ftz form adds a range
+// test and two multiplies around it). Probabilities below 2^-126 do not matter.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Named barrier 0 is __syncthreads; 1 orders the two warpgroups' QK^T issue; 2 marks Q free in
+// a unit's last step.
 constexpr int kPingPongBarrier = 1;
+constexpr int kQFreeBarrier = 2;
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -98,13 +108,13 @@ __device__ __forceinline__ void online_softmax(float (&s)[T9::kBlockN / 2], floa
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m[r], mx * scale_log2);      // scale > 0: max commutes with it
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays at 0
-    const float alpha = exp2f(m[r] - m_use);
+    const float alpha = exp2_ftz(m[r] - m_use);
     m[r] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < T9::kBlockN / 8; ++j) {
-      s[4 * j + 2 * r] = exp2f(fmaf(s[4 * j + 2 * r], scale_log2, -m_use));
-      s[4 * j + 2 * r + 1] = exp2f(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_use));
+      s[4 * j + 2 * r] = exp2_ftz(fmaf(s[4 * j + 2 * r], scale_log2, -m_use));
+      s[4 * j + 2 * r + 1] = exp2_ftz(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_use));
       sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
     }
     l[r] = l[r] * alpha + sum;
@@ -143,16 +153,62 @@ __device__ __forceinline__ void write_o(const MhaParams& p, const MhaTile& tile,
   }
 }
 
-__device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile, int head,
-                                         uint32_t q_smem, uint32_t k_smem, uint32_t v_smem) {
+// One (tile, head) unit of the schedule with its key range.
+struct Unit {
+  MhaTile tile;
+  int head;
+  int kv_end;     // keys the tile needs at all: the last row sees diag + q_rows of them
+  int num_steps;  // 128-key steps
+};
+
+__device__ __forceinline__ Unit make_unit(const MhaTile* tiles, int unit, int num_tiles, int heads,
+                                          int head_group) {
+  const int group_units = num_tiles * head_group;
+  const int group = unit / group_units;
+  const int r = unit - group * group_units;
+  const int group_heads = min(head_group, heads - group * head_group);
+  Unit u;
+  u.tile = tiles[r / group_heads];
+  u.head = group * head_group + r % group_heads;
+  u.kv_end = u.tile.kv_len;
+  if (u.tile.diag != kNoDiag) u.kv_end = min(u.kv_end, max(u.tile.diag + u.tile.q_rows, 0));
+  u.num_steps = (u.kv_end + T9::kBlockN - 1) / T9::kBlockN;
+  return u;
+}
+
+__device__ __forceinline__ const uint16_t* k_rows(const MhaParams& p, const Unit& u) {
+  return p.k + u.tile.kv_start * p.k_row_stride + u.head * p.k_head_stride;
+}
+__device__ __forceinline__ const uint16_t* v_rows(const MhaParams& p, const Unit& u) {
+  return p.v + u.tile.kv_start * p.v_row_stride + u.head * p.v_head_stride;
+}
+__device__ __forceinline__ void load_q(const MhaParams& p, const Unit& u, uint32_t q_smem,
+                                       int tid) {
+  const uint16_t* q_g = p.q + u.tile.q_start * p.q_row_stride + u.head * p.q_head_stride;
+  load_tile_sw128<T9::kBlockM, T9::kQkChunks>(q_smem, q_g, p.q_row_stride, u.tile.q_rows, tid);
+}
+// K/V rows [key0, key0 + 128) of the unit into one stage.
+__device__ __forceinline__ void load_kv(const MhaParams& p, const Unit& u, int key0,
+                                        uint32_t k_stage, uint32_t v_stage, int tid) {
+  load_tile_sw128<T9::kBlockN, T9::kQkChunks>(k_stage, k_rows(p, u) + key0 * p.k_row_stride,
+                                              p.k_row_stride, u.kv_end - key0, tid);
+  load_tile_sw128<T9::kBlockN, T9::kVChunks>(v_stage, v_rows(p, u) + key0 * p.v_row_stride,
+                                             p.v_row_stride, u.kv_end - key0, tid);
+}
+
+// Runs unit `u` whose step 0 uses stage `stage0`. If `loaded`, its Q and first K/V stage were
+// issued by the previous unit. If `prefetch`, the last step issues `next`'s first K/V stage
+// (into the stage after the last one) and, once both warpgroups are done with Q, next's Q.
+// Returns the stage of next's step 0.
+__device__ __forceinline__ int run_unit(const MhaParams& p, const Unit& u, bool loaded, int stage0,
+                                        const Unit& next, bool prefetch, uint32_t q_smem,
+                                        uint32_t k_smem, uint32_t v_smem) {
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / 128;
   const int lane = tid % 32;
   const int row0 = wg * 64 + ((tid % 128) / 32) * 16 + (lane >> 2);
-  // Keys the tile needs at all: the last row sees diag + q_rows of them.
-  int kv_end = tile.kv_len;
-  if (tile.diag != kNoDiag) kv_end = min(kv_end, max(tile.diag + tile.q_rows, 0));
-  const int num_steps = (kv_end + T9::kBlockN - 1) / T9::kBlockN;
+  const MhaTile& tile = u.tile;
+  const int num_steps = u.num_steps;
 
   float o[T9::kHeadDimV / 2];
 #pragma unroll
@@ -161,13 +217,11 @@ __device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile
   float l[2] = {0.f, 0.f};
 
   if (num_steps > 0) {
-    const uint16_t* q_g = p.q + tile.q_start * p.q_row_stride + head * p.q_head_stride;
-    const uint16_t* k_g = p.k + tile.kv_start * p.k_row_stride + head * p.k_head_stride;
-    const uint16_t* v_g = p.v + tile.kv_start * p.v_row_stride + head * p.v_head_stride;
-    load_tile_sw128<T9::kBlockM, T9::kQkChunks>(q_smem, q_g, p.q_row_stride, tile.q_rows, tid);
-    load_tile_sw128<T9::kBlockN, T9::kQkChunks>(k_smem, k_g, p.k_row_stride, kv_end, tid);
-    load_tile_sw128<T9::kBlockN, T9::kVChunks>(v_smem, v_g, p.v_row_stride, kv_end, tid);
-    cp_async_commit();
+    if (!loaded) {
+      load_q(p, u, q_smem, tid);
+      load_kv(p, u, 0, k_smem + stage0 * T9::kKBytes, v_smem + stage0 * T9::kVBytes, tid);
+      cp_async_commit();
+    }
 
     // Descriptors without the start address: Q/K K-major (SBO 1024, LBO unused), V MN-major
     // (LBO: the next 64-column block, SBO: the next 8 keys).
@@ -177,7 +231,8 @@ __device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile
     const int diag_wg = tile.diag == kNoDiag ? kNoDiag : tile.diag + wg * 64;
 
     for (int step = 0; step < num_steps; ++step) {
-      const int stage = step & 1;
+      const int stage = (stage0 + step) & 1;
+      const bool last = step + 1 == num_steps;
       // One barrier per step: after it the current stage is visible to the async proxy and
       // every thread has finished step - 1, so the other stage can be refilled.
       cp_async_wait<0>();
@@ -200,15 +255,15 @@ __device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile
       }
       sm90::wgmma_commit();
       if (p.pingpong && wg == 0) named_barrier_arrive(kPingPongBarrier, T9::kThreads);
-      // Next step's K/V into the other stage while the tensor cores run QK^T.
-      if (step + 1 < num_steps) {
-        const int next = (step + 1) * T9::kBlockN;
-        load_tile_sw128<T9::kBlockN, T9::kQkChunks>(k_smem + (stage ^ 1) * T9::kKBytes,
-                                                    k_g + next * p.k_row_stride, p.k_row_stride,
-                                                    kv_end - next, tid);
-        load_tile_sw128<T9::kBlockN, T9::kVChunks>(v_smem + (stage ^ 1) * T9::kVBytes,
-                                                   v_g + next * p.v_row_stride, p.v_row_stride,
-                                                   kv_end - next, tid);
+      // Next K/V stage (this unit's next step, or the next unit's first) into the other stage
+      // while the tensor cores run QK^T.
+      if (!last) {
+        load_kv(p, u, (step + 1) * T9::kBlockN, k_smem + (stage ^ 1) * T9::kKBytes,
+                v_smem + (stage ^ 1) * T9::kVBytes, tid);
+        cp_async_commit();
+      } else if (prefetch) {
+        load_kv(p, next, 0, k_smem + (stage ^ 1) * T9::kKBytes, v_smem + (stage ^ 1) * T9::kVBytes,
+                tid);
         cp_async_commit();
       }
       sm90::wgmma_wait<0>();
@@ -239,19 +294,27 @@ __device__ __forceinline__ void run_unit(const MhaParams& p, const MhaTile& tile
         sm90::wgmma_rs_bf16<T9::kHeadDimV, 1>(o, pa[kk], v_desc + ((kk * 16 * 128) >> 4), true);
       }
       sm90::wgmma_commit();
+      if (last && prefetch) {
+        // Both warpgroups' QK^T are complete past this barrier: Q can be refilled.
+        named_barrier_sync(kQFreeBarrier, T9::kThreads);
+        load_q(p, next, q_smem, tid);
+        cp_async_commit();
+      }
       sm90::wgmma_wait<0>();
       sm90::fence_regs(o);
     }
     __syncthreads();  // smem (Q, both stages) is free for the next unit's loads
   }
-  sm90k::write_o(p, tile, head, o, m, l, row0, lane);
+  sm90k::write_o(p, tile, u.head, o, m, l, row0, lane);
+  return (stage0 + num_steps) & 1;
 }
 
-// Units: (tile, head) pairs in groups of p.head_group heads, tile-major inside a group, so the CTAs
-// running at the same time share the K/V of a few heads in L2.
+// Units: (tile, head) pairs in groups of head_group heads (plan header, or the override),
+// tile-major inside a group, so the CTAs running at the same time share the K/V of a few heads
+// in L2. Each unit's last step prefetches the next unit's Q and first K/V stage.
 __global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const MhaParams p) {
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (sm90::smem_u32(smem_raw) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  const uint32_t base = (sm90::smem_u32(smem_raw) + 1023u) & ~1023u;  // 1024-aligned atoms
   const uint32_t q_smem = base;
   const uint32_t k_smem = q_smem + T9::kQBytes;
   const uint32_t v_smem = k_smem + T9::kStages * T9::kKBytes;
@@ -260,15 +323,23 @@ __global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const Mha
   const int num_tiles = header->num_tiles;
   const int heads = p.num_heads;
   const int num_units = num_tiles * heads;
-  const int head_group = p.head_group;
-  const int group_units = num_tiles * head_group;
-  for (int unit = static_cast<int>(blockIdx.x); unit < num_units;
-       unit += static_cast<int>(gridDim.x)) {
-    const int group = unit / group_units;
-    const int r = unit - group * group_units;
-    const int group_heads = min(head_group, heads - group * head_group);
-    const MhaTile tile = tiles[r / group_heads];
-    sm90k::run_unit(p, tile, group * head_group + r % group_heads, q_smem, k_smem, v_smem);
+  const int head_group = max(p.head_group > 0 ? p.head_group : header->head_group, 1);
+  int unit = static_cast<int>(blockIdx.x);
+  if (unit >= num_units) return;
+  Unit cur = make_unit(tiles, unit, num_tiles, heads, head_group);
+  bool loaded = false;
+  int stage0 = 0;
+  while (true) {
+    const int next_unit = unit + static_cast<int>(gridDim.x);
+    const bool has_next = next_unit < num_units;
+    Unit next = cur;
+    if (has_next) next = make_unit(tiles, next_unit, num_tiles, heads, head_group);
+    const bool prefetch = p.prefetch && has_next && next.num_steps > 0 && cur.num_steps > 0;
+    stage0 = sm90k::run_unit(p, cur, loaded, stage0, next, prefetch, q_smem, k_smem, v_smem);
+    if (!has_next) break;
+    loaded = prefetch;
+    unit = next_unit;
+    cur = next;
   }
 }
 

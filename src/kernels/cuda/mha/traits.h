@@ -39,7 +39,6 @@ struct MhaSm90Traits {
   static constexpr int kWarpgroups = 2;
   static constexpr int kThreads = kWarpgroups * 128;
   static constexpr int kStages = 2;      // K/V double buffer (cp.async)
-  static constexpr int kHeadGroup = 16;  // default of MhaParams::head_group (L2 reuse of K/V)
 
   static constexpr int kQkChunks = kHeadDimQk * 2 / 16;  // 16-byte chunks per row: 24
   static constexpr int kVChunks = kHeadDimV * 2 / 16;    // 16
