@@ -65,6 +65,8 @@ TEST(CudaMhaPlan, EveryQueryRowCoveredOnceHeaviestFirst) {
     EXPECT_EQ(*used, sizeof(MhaPlanHeader) + tiles.size() * sizeof(MhaTile));
     EXPECT_EQ(header.num_heads, 16);
     EXPECT_EQ(header.batch_size, bs);
+    EXPECT_GE(header.head_group, 4);
+    EXPECT_LE(header.head_group, 16);
     std::vector<int> covered(static_cast<std::size_t>(qo.back()), 0);
     int prev_keys = 1 << 30;
     for (const MhaTile& t : tiles) {
@@ -259,6 +261,33 @@ TEST(CudaPrefillOps, MhaMatchesReferenceAcrossTilesAndSteps) {
   expect_mha_matches_reference(s, {0, 300, 429, 430}, {0, 1000, 1129, 1206}, true);
   // Non-causal (a prefix chunk): a request with no keys gets o = 0, lse = -inf.
   expect_mha_matches_reference(s, {0, 200, 203, 333}, {0, 0, 150, 213}, false);
+}
+
+// Edges of the wgmma kernel's tiles (128 query rows = 2 warpgroups of 64, 128-key steps):
+// lengths off the tile grid, causal offsets that put the diagonal inside a warpgroup's rows or on
+// its boundary, square prefill, zero-length q and kv rows, and 8 to 128 heads (fewer heads than
+// a head group too; with 64 and 128 heads a CTA runs several units, so the next unit's Q and
+// first K/V stage are prefetched during the last step of the previous one).
+TEST(CudaPrefillOps, MhaWgmmaTileEdgesMatchReference) {
+  MLA_SKIP_WITHOUT_GPU();
+  {
+    MhaSetup s(16, AttnCapacity{4, 700, 1500, 1, 16}, mix_seed(base_seed(), 0x54));
+    // Causal: 1 row on 1 key; 128 rows on 256 keys (offset 128); 261 rows on 443 keys (offset
+    // 182: the diagonal cuts both warpgroups and the key steps off the grid); 300 square.
+    expect_mha_matches_reference(s, {0, 1, 129, 390, 690}, {0, 1, 257, 700, 1000}, true);
+    // Causal offsets of exactly 64 (warpgroup boundary) and 1, and a request with no query rows.
+    expect_mha_matches_reference(s, {0, 200, 200, 455}, {0, 264, 300, 556}, true);
+    // Non-causal chunks: no keys, 129 keys, 385 keys, 1 key.
+    expect_mha_matches_reference(s, {0, 70, 200, 201, 330}, {0, 0, 129, 514, 515}, false);
+  }
+  for (const int heads : {8, 32, 64, 128}) {
+    SCOPED_TRACE(heads);
+    MhaSetup s(heads, AttnCapacity{2, 200, 400, 1, heads}, mix_seed(base_seed(), 0x55 + heads));
+    expect_mha_matches_reference(s, {0, 150, 190}, {0, 330, 370}, true);
+    expect_mha_matches_reference(s, {0, 130, 190}, {0, 200, 333}, false);
+    // Units without keys between units with keys (the cross-unit prefetch skips them).
+    expect_mha_matches_reference(s, {0, 60, 190}, {0, 0, 370}, false);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

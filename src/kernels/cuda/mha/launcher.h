@@ -9,7 +9,12 @@
 
 namespace mla::cuda::mha {
 
+// kSm90Wgmma: the Hopper kernel (sm90_kernel.cuh, wgmma); kMmaSync: the FlashAttention-2 style
+// kernel (kernel.cuh), kept as a fallback and for A/B measurements (MLA_MHA_KERNEL=mma_sync).
+enum class MhaKernel { kSm90Wgmma, kMmaSync };
+
 // Raises the kernel's dynamic smem limit, launches `grid` CTAs and returns cudaGetLastError().
-cudaError_t launch_mha_forward(const MhaParams& params, int grid, cudaStream_t stream);
+cudaError_t launch_mha_forward(const MhaParams& params, int grid, cudaStream_t stream,
+                               MhaKernel kernel);
 
 }  // namespace mla::cuda::mha

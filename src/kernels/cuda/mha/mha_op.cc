@@ -1,5 +1,8 @@
-// MhaAttentionOp on CUDA: host planning (plan.cc) + the FlashAttention-2 style kernel.
+// MhaAttentionOp on CUDA: host planning (plan.cc) + the Hopper wgmma kernel (sm90_kernel.cuh),
+// with the FlashAttention-2 style kernel (kernel.cuh) as a selectable fallback.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "kernels/cuda/common.h"
@@ -11,6 +14,39 @@
 
 namespace mla::cuda {
 namespace {
+
+// The wgmma kernel unless MLA_MHA_KERNEL=mma_sync asks for the FlashAttention-2 style one (read
+// once per process).
+mha::MhaKernel selected_kernel() {
+  static const mha::MhaKernel kernel = [] {
+    const char* env = std::getenv("MLA_MHA_KERNEL");
+    return env != nullptr && std::strcmp(env, "mma_sync") == 0 ? mha::MhaKernel::kMmaSync
+                                                               : mha::MhaKernel::kSm90Wgmma;
+  }();
+  return kernel;
+}
+
+// Tuning knobs of the wgmma kernel (read once): MLA_MHA_HEAD_GROUP (heads whose units run
+// together, >= 1; default: the plan's), MLA_MHA_PINGPONG and MLA_MHA_PREFETCH (0 turns the
+// warpgroup ordering / the cross-unit prefetch off).
+int env_int(const char* name, int fallback, int lo) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  const int v = std::atoi(env);
+  return v >= lo ? v : fallback;
+}
+int head_group() {
+  static const int v = env_int("MLA_MHA_HEAD_GROUP", 0, 1);  // 0: the plan's choice
+  return v;
+}
+int pingpong() {
+  static const int v = env_int("MLA_MHA_PINGPONG", 1, 0) != 0 ? 1 : 0;
+  return v;
+}
+int prefetch() {
+  static const int v = env_int("MLA_MHA_PREFETCH", 1, 0) != 0 ? 1 : 0;
+  return v;
+}
 
 class CudaMhaOp final : public MhaAttentionOp {
  public:
@@ -63,11 +99,14 @@ class CudaMhaOp final : public MhaAttentionOp {
     p.lse_row_stride = a.lse.empty() ? 0 : a.lse.stride[0];
     p.num_heads = static_cast<int>(h);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+    p.head_group = head_group();
+    p.pingpong = pingpong();
+    p.prefetch = prefetch();
     const int grid = sm_count(dev.index);
     MLA_CHECK_CODE(StatusCode::kCudaError, grid > 0, "cuda mha: no multiprocessors on {}",
                    dev.to_string());
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    MLA_CUDA_RETURN_IF_ERROR(mha::launch_mha_forward(p, grid, stream));
+    MLA_CUDA_RETURN_IF_ERROR(mha::launch_mha_forward(p, grid, stream, selected_kernel()));
     MLA_CUDA_CHECK_LAUNCH("mha_fwd_kernel", stream);
     return Status::Ok();
   }

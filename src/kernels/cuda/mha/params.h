@@ -26,7 +26,10 @@ struct MhaPlanHeader {
   int32_t num_tiles;
   int32_t num_heads;
   int32_t batch_size;
-  int32_t pad[5];
+  // wgmma kernel: heads whose (tile, head) units run together (>= 1), so the CTAs running at the
+  // same time stream the K/V of few heads through L2; smaller for longer key ranges.
+  int32_t head_group;
+  int32_t pad[4];
 };
 static_assert(sizeof(MhaPlanHeader) == 32);
 
@@ -44,6 +47,12 @@ struct MhaParams {
   int64_t lse_row_stride;               // elements between tokens; heads contiguous
   int num_heads;
   float scale_log2;  // sm_scale * log2(e)
+  // wgmma kernel only (tuning knobs, set by mha_op.cc): head_group > 0 overrides the plan's,
+  // pingpong: whether warpgroup 1 issues its QK^T after warpgroup 0; prefetch: whether a
+  // unit's last step loads the next unit's Q and first K/V stage.
+  int head_group;
+  int pingpong;
+  int prefetch;
 };
 
 }  // namespace mla::cuda::mha
