@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "common/case_gen.h"
 #include "common/compare.h"
 #include "common/conformance.h"
@@ -38,6 +40,8 @@ struct Batch {
 
 struct DeviceProblem {
   int heads = 0, page_size = 1;
+  DType cache_dtype = DType::kBF16;
+  float k_scale = 1.0f;  // fp8 only
   PagedLayout layout;
   LatentCache cache;
   std::vector<bf16> q;
@@ -45,15 +49,18 @@ struct DeviceProblem {
   int64_t tokens = 0;
 };
 
-DeviceProblem make_problem(uint64_t seed, int heads, int page_size, const Batch& b) {
+DeviceProblem make_problem(uint64_t seed, int heads, int page_size, const Batch& b,
+                           DType cache_dtype = DType::kBF16, float k_scale = 1.0f) {
   DeviceProblem d;
   Rng rng(seed);
   d.heads = heads;
   d.page_size = page_size;
+  d.cache_dtype = cache_dtype;
+  d.k_scale = k_scale;
   d.batch = b;
   d.layout = make_paged_layout(b.kv_lens, page_size, true, rng);
   d.batch.rows = d.layout.req_rows;
-  d.cache = make_latent_cache(d.layout, DType::kBF16, 1.0f, rng);
+  d.cache = make_latent_cache(d.layout, cache_dtype, k_scale, rng);
   for (int32_t ql : b.q_lens) d.tokens += ql;
   d.q = random_bf16(d.tokens * heads * 576, rng);
   return d;
@@ -74,6 +81,8 @@ RefAttention reference_of(const DeviceProblem& d) {
   rp.page_size = d.page_size;
   rp.causal = true;
   rp.sm_scale = 0.135234;
+  rp.cache_dtype = d.cache_dtype;
+  rp.k_scale = d.k_scale;
   rp.row_stride = d.layout.max_context_len;
   rp.req_to_token = d.layout.req_to_token;
   rp.req_rows = d.batch.rows;
@@ -100,56 +109,86 @@ struct Outputs {
   std::vector<float> lse;
 };
 
+// One long request per row tile count: the plan splits each tile over many blocks; the result
+// must match the double-precision reference (fp8: dequantised stored value * k_scale).
+void check_split_schedule(const AbsorbedAttentionOp* op, int heads, int page, DType cache_dtype,
+                          float k_scale, uint64_t seed, std::vector<int32_t> q_lens = {1, 2, 1}) {
+  const std::string what = fmt::format("heads {} page {} {} k_scale {} q_lens [{}]", heads, page,
+                                       dtype_name(cache_dtype), k_scale, fmt::join(q_lens, ","));
+  Batch b{{}, q_lens, {3000, 1777, 64}};
+  DeviceProblem d = make_problem(seed, heads, page, b, cache_dtype, k_scale);
+  AttnCapacity cap{4, 8, 0, 2, heads};
+  std::vector<std::byte> plan(op->plan_bytes(cap));
+  AbsorbedProblem p{heads, page, true, d.batch.rows, d.batch.q_lens, d.batch.kv_lens};
+  auto used = op->plan(p, cap, plan);
+  ASSERT_TRUE(used.ok()) << used.status().to_string();
+  PlanHeader h;
+  std::memcpy(&h, plan.data(), sizeof(h));
+  EXPECT_GT(h.num_combines, 0) << "expected a split schedule";
+  auto q = upload(d.q.data(), d.q.size() * 2, "q");
+  auto kv = upload(d.cache.bytes.data(), d.cache.bytes.size(), "kv");
+  auto r2t = upload(d.layout.req_to_token.data(), d.layout.req_to_token.size() * 4, "r2t");
+  auto plan_d = upload(plan.data(), plan.size(), "plan");
+  ASSERT_TRUE(q.ok() && kv.ok() && r2t.ok() && plan_d.ok());
+  auto ws = DeviceBuffer::allocate(Device::cuda(), op->workspace_bytes(cap), "ws", "test", false);
+  auto o = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 512 * 2, "o", "test", false);
+  auto lse = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 4, "lse", "test", false);
+  ASSERT_TRUE(ws.ok() && o.ok() && lse.ok());
+  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
+  ASSERT_TRUE(rt->memset(o->data(), 0xff, o->bytes(), nullptr).ok());
+  ASSERT_TRUE(rt->memset(lse->data(), 0xff, lse->bytes(), nullptr).ok());
+  AbsorbedArgs a;
+  a.q = TensorView(q->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 576});
+  a.kv_cache = TensorView(kv->data(), cache_dtype, Device::cuda(), {d.layout.num_slots, 576});
+  a.k_scale = k_scale;
+  a.req_to_token = TensorView(r2t->data(), DType::kI32, Device::cuda(),
+                              {d.layout.num_rows, d.layout.max_context_len});
+  a.o = TensorView(o->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 512});
+  a.lse = TensorView(lse->data(), DType::kF32, Device::cuda(), {d.tokens, heads});
+  a.sm_scale = 0.135234f;
+  a.plan = plan_d->data();
+  a.workspace = ws->data();
+  a.workspace_bytes = ws->bytes();
+  const Status st = op->run(a, ExecContext{Device::cuda(), nullptr});
+  ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+  std::vector<bf16> o_h(d.tokens * heads * 512);
+  std::vector<float> lse_h(d.tokens * heads);
+  const Status c1 = rt->copy_to_host(o_h.data(), o->data(), o->bytes(), nullptr);
+  ASSERT_TRUE(c1.ok()) << c1.to_string();
+  const Status c2 = rt->copy_to_host(lse_h.data(), lse->data(), lse->bytes(), nullptr);
+  ASSERT_TRUE(c2.ok()) << c2.to_string();
+  const RefAttention ref = reference_of(d);
+  const Comparison co = compare_values("o", to_float(o_h), ref.o, default_tolerance(DType::kBF16));
+  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
+  EXPECT_TRUE(co.ok) << what << ": " << co.message;
+  EXPECT_TRUE(cl.ok) << what << ": " << cl.message;
+}
+
 TEST_F(AbsorbedDevice, SplitScheduleMatchesReference) {
-  // One long request per row tile count: the plan splits each tile over many blocks.
   for (int heads : {16, 128}) {
-    Batch b{{}, {1, 2, 1}, {3000, 1777, 64}};
-    DeviceProblem d = make_problem(mix_seed(base_seed(), heads), heads, 16, b);
-    AttnCapacity cap{4, 8, 0, 2, heads};
-    std::vector<std::byte> plan(op_->plan_bytes(cap));
-    AbsorbedProblem p{heads, 16, true, d.batch.rows, d.batch.q_lens, d.batch.kv_lens};
-    auto used = op_->plan(p, cap, plan);
-    ASSERT_TRUE(used.ok()) << used.status().to_string();
-    PlanHeader h;
-    std::memcpy(&h, plan.data(), sizeof(h));
-    EXPECT_GT(h.num_combines, 0) << "expected a split schedule";
-    auto q = upload(d.q.data(), d.q.size() * 2, "q");
-    auto kv = upload(d.cache.bytes.data(), d.cache.bytes.size(), "kv");
-    auto r2t = upload(d.layout.req_to_token.data(), d.layout.req_to_token.size() * 4, "r2t");
-    auto plan_d = upload(plan.data(), plan.size(), "plan");
-    ASSERT_TRUE(q.ok() && kv.ok() && r2t.ok() && plan_d.ok());
-    auto ws = DeviceBuffer::allocate(Device::cuda(), op_->workspace_bytes(cap), "ws", "test", false);
-    auto o = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 512 * 2, "o", "test", false);
-    auto lse = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 4, "lse", "test", false);
-    ASSERT_TRUE(ws.ok() && o.ok() && lse.ok());
-    DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
-    ASSERT_TRUE(rt->memset(o->data(), 0xff, o->bytes(), nullptr).ok());
-    ASSERT_TRUE(rt->memset(lse->data(), 0xff, lse->bytes(), nullptr).ok());
-    AbsorbedArgs a;
-    a.q = TensorView(q->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 576});
-    a.kv_cache = TensorView(kv->data(), DType::kBF16, Device::cuda(), {d.layout.num_slots, 576});
-    a.req_to_token = TensorView(r2t->data(), DType::kI32, Device::cuda(),
-                                {d.layout.num_rows, d.layout.max_context_len});
-    a.o = TensorView(o->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 512});
-    a.lse = TensorView(lse->data(), DType::kF32, Device::cuda(), {d.tokens, heads});
-    a.sm_scale = 0.135234f;
-    a.plan = plan_d->data();
-    a.workspace = ws->data();
-    a.workspace_bytes = ws->bytes();
-    const Status st = op_->run(a, ExecContext{Device::cuda(), nullptr});
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    std::vector<bf16> o_h(d.tokens * heads * 512);
-    std::vector<float> lse_h(d.tokens * heads);
-    const Status c1 = rt->copy_to_host(o_h.data(), o->data(), o->bytes(), nullptr);
-    ASSERT_TRUE(c1.ok()) << c1.to_string();
-    const Status c2 = rt->copy_to_host(lse_h.data(), lse->data(), lse->bytes(), nullptr);
-    ASSERT_TRUE(c2.ok()) << c2.to_string();
-    const RefAttention ref = reference_of(d);
-    const Comparison co = compare_values("o", to_float(o_h), ref.o, default_tolerance(DType::kBF16));
-    const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
-    EXPECT_TRUE(co.ok) << "heads " << heads << ": " << co.message;
-    EXPECT_TRUE(cl.ok) << "heads " << heads << ": " << cl.message;
+    check_split_schedule(op_, heads, 16, DType::kBF16, 1.0f, mix_seed(base_seed(), heads));
   }
+  // 16-row tiles (16 heads, one query each).
+  check_split_schedule(op_, 16, 1, DType::kBF16, 1.0f, mix_seed(base_seed(), 17), {1, 1, 1});
+}
+
+// fp8 e4m3 cache: random data, k_scale != 1, split schedule, every row-tile variant (16 rows:
+// 16 heads x 1 query; 32: 16 x 2; 64: 128 heads), token-level and paged index tables.
+TEST_F(AbsorbedDevice, SplitScheduleFp8MatchesReference) {
+  const float k_scale = 0.37f;
+  for (int page : {1, 64}) {
+    check_split_schedule(op_, 16, page, DType::kFP8E4M3, k_scale,
+                         mix_seed(base_seed(), 1000 + page), {1, 1, 1});
+    check_split_schedule(op_, 16, page, DType::kFP8E4M3, k_scale,
+                         mix_seed(base_seed(), 2000 + page));
+    check_split_schedule(op_, 128, page, DType::kFP8E4M3, k_scale,
+                         mix_seed(base_seed(), 3000 + page));
+  }
+}
+
+// A bf16 cache ignores k_scale (SYSTEM.md 7): the result equals the reference without it.
+TEST_F(AbsorbedDevice, Bf16IgnoresKScale) {
+  check_split_schedule(op_, 32, 16, DType::kBF16, 3.5f, mix_seed(base_seed(), 555));
 }
 
 // Runs one batch eagerly (outputs poisoned first) and checks o / lse against the reference;
@@ -239,11 +278,14 @@ TEST_F(AbsorbedDevice, RowTiles64MatchReference) {
 
 // Capture the run in a CUDA graph for batch A, re-plan batch B into the same plan buffer
 // (same q/o buffers, sized for the capacity), replay, and compare with an eager run of B.
-TEST_F(AbsorbedDevice, GraphReplayAfterReplanEqualsEager) {
+void check_graph_replay(const AbsorbedAttentionOp* op_, DType cache_dtype) {
+  SCOPED_TRACE(std::string(dtype_name(cache_dtype)));
   const int heads = 32, page = 64;
   Batch a_batch{{}, {1, 1, 1, 1}, {700, 1, 2, 65}};
   Batch b_batch{{}, {2, 1, 2, 1}, {2000, 129, 2, 1000}};
-  DeviceProblem d = make_problem(mix_seed(base_seed(), 77), heads, page, b_batch);
+  const float k_scale = cache_dtype == DType::kFP8E4M3 ? 0.5f : 1.0f;
+  DeviceProblem d =
+      make_problem(mix_seed(base_seed(), 77), heads, page, b_batch, cache_dtype, k_scale);
   // Batch A reuses B's layout rows with shorter lengths (a prefix of each request).
   AbsorbedProblem pa{heads, page, true, d.batch.rows, a_batch.q_lens, a_batch.kv_lens};
   AbsorbedProblem pb{heads, page, true, d.batch.rows, d.batch.q_lens, d.batch.kv_lens};
@@ -265,7 +307,8 @@ TEST_F(AbsorbedDevice, GraphReplayAfterReplanEqualsEager) {
   DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
   AbsorbedArgs a;
   a.q = TensorView(q->data(), DType::kBF16, Device::cuda(), {cap_tokens, heads, 576});
-  a.kv_cache = TensorView(kv->data(), DType::kBF16, Device::cuda(), {d.layout.num_slots, 576});
+  a.kv_cache = TensorView(kv->data(), cache_dtype, Device::cuda(), {d.layout.num_slots, 576});
+  a.k_scale = k_scale;
   a.req_to_token = TensorView(r2t->data(), DType::kI32, Device::cuda(),
                               {d.layout.num_rows, d.layout.max_context_len});
   a.o = TensorView(o->data(), DType::kBF16, Device::cuda(), {cap_tokens, heads, 512});
@@ -327,6 +370,11 @@ TEST_F(AbsorbedDevice, GraphReplayAfterReplanEqualsEager) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST_F(AbsorbedDevice, GraphReplayAfterReplanEqualsEager) {
+  check_graph_replay(op_, DType::kBF16);
+  check_graph_replay(op_, DType::kFP8E4M3);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
-// `mla bench --device cuda [--json] [--quick] [--out FILE]`: GPU timings of the ops.
+// `mla bench --device cuda [--json] [--quick] [--out FILE] [--cache-dtype bf16,fp8]`: GPU timings
+// of the ops.
 // Decode (absorbed op) over the grid; prefill and extend rows come from cuda-prefill's
 // bench_prefill.{h,cc}. Timing follows docs PERF.md: CUDA events around every run, warm-up
 // first, median, q/o sets rotated, random normal/4 data (never zeros).
 // Every result is one JSON object (date, commit, gpu, op, backend, b, s_q, h_q, s_k, page_size,
-// varlen, us, tflops, gbps, ...); --json prints them one per line, --out appends them to a file.
+// varlen, cache_dtype, us, tflops, gbps, ...; decode gbps counts the bytes actually moved: 576
+// bytes per key for an fp8 cache, 1152 for bf16); --json prints them one per line, --out appends them to a file.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,6 +48,7 @@ struct BenchOptions {
   std::string out;
   int iters = 20;
   std::string ops = "decode,prefill,extend";
+  std::string cache_dtype = "bf16";  // decode: bf16, fp8 or bf16,fp8
 };
 
 [[maybe_unused]] [[maybe_unused]] std::string utc_date() {
@@ -66,7 +69,7 @@ class Emitter {
     if (!o.out.empty()) file_.open(o.out, std::ios::app);
     if (!opt_.json) {
       std::printf("%-8s %-4s %3s %4s %6s %5s %5s %4s %10s %8s %8s %6s %s\n", "op", "b", "s_q",
-                  "h_q", "s_k", "page", "var", "", "us", "TFLOP/s", "GB/s", "frac", "bound");
+                  "h_q", "s_k", "page", "var", "kv", "us", "TFLOP/s", "GB/s", "frac", "bound");
     }
   }
   bool file_ok() const { return opt_.out.empty() || file_.good(); }
@@ -77,7 +80,8 @@ class Emitter {
       std::printf("%-8s %-4d %3d %4d %6d %5d %5s %4s %10.1f %8.1f %8.0f %6.3f %s\n",
                   row.value("op", "").c_str(), row.value("b", 0), row.value("s_q", 0),
                   row.value("h_q", 0), row.value("s_k", 0), row.value("page_size", 0),
-                  row.value("varlen", false) ? "yes" : "no", "", row.value("us", 0.0),
+                  row.value("varlen", false) ? "yes" : "no",
+                  row.value("cache_dtype", "") == "fp8e4m3" ? "fp8" : "", row.value("us", 0.0),
                   row.value("tflops", 0.0), row.value("gbps", 0.0),
                   row.value("ceiling_fraction", 0.0), row.value("bound", "").c_str());
       std::fflush(stdout);
@@ -95,6 +99,7 @@ class Emitter {
 struct DecodeConfig {
   int b, s_q, h_q, s_k, page;
   bool varlen;
+  DType cache_dtype = DType::kBF16;
 };
 
 std::vector<DecodeConfig> decode_grid(bool quick) {
@@ -104,6 +109,7 @@ std::vector<DecodeConfig> decode_grid(bool quick) {
       g.push_back({128, 1, 128, 8192, page, false});
       g.push_back({128, 1, 16, 8192, page, false});
     }
+    g.push_back({128, 1, 32, 8192, 64, false});
     g.push_back({128, 2, 64, 4096, 64, false});
     g.push_back({128, 1, 128, 8192, 64, true});
     return g;
@@ -120,10 +126,12 @@ std::vector<DecodeConfig> decode_grid(bool quick) {
   return g;
 }
 
-// Inputs shared by every decode config: one latent cache big enough for the largest batch.
+// Inputs shared by every decode config: one latent cache big enough for the largest batch (one
+// per cache dtype).
 struct DecodeBench {
   const AbsorbedAttentionOp* op = nullptr;
-  DeviceBuffer cache;
+  DeviceBuffer cache;      // bf16
+  DeviceBuffer cache_fp8;  // fp8 e4m3 (values normal/4 as stored; k_scale 1.5 applied)
   int64_t cache_slots = 0;
   cudaStream_t stream = nullptr;
 };
@@ -135,7 +143,8 @@ int64_t slots_needed(const DecodeConfig& c) {
 
 StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, int iters,
                                       uint64_t seed) {
-  MLA_RETURN_IF_ERROR(db.op->supports(c.h_q, c.page, DType::kBF16));
+  MLA_RETURN_IF_ERROR(db.op->supports(c.h_q, c.page, c.cache_dtype));
+  const bool fp8 = c.cache_dtype == DType::kFP8E4M3;
   testing::Rng rng(seed);
   std::vector<int32_t> kv_lens(c.b, c.s_k), q_lens(c.b, c.s_q);
   if (c.varlen) {
@@ -174,7 +183,9 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   const auto args_for = [&](int s) {
     AbsorbedArgs a;
     a.q = TensorView(q[s].data(), DType::kBF16, dev, {tokens, c.h_q, 576});
-    a.kv_cache = TensorView(db.cache.data(), DType::kBF16, dev, {db.cache_slots, 576});
+    a.kv_cache = TensorView(fp8 ? db.cache_fp8.data() : db.cache.data(), c.cache_dtype, dev,
+                            {db.cache_slots, 576});
+    a.k_scale = fp8 ? 1.5f : 1.0f;
     a.req_to_token = TensorView(r2t.data(), DType::kI32, dev,
                                 {layout.num_rows, layout.max_context_len});
     a.o = TensorView(o[s].data(), DType::kBF16, dev, {tokens, c.h_q, 512});
@@ -204,13 +215,16 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   double sum_kv = 0;
   for (int32_t k : kv_lens) sum_kv += k;
   const double flops = 2.0 * c.s_q * sum_kv * c.h_q * (576 + 512);
-  const double bytes = sum_kv * 576 * 2 + double(tokens) * c.h_q * (576 + 512) * 2;
+  const double kv_bytes_per_key = 576.0 * (fp8 ? 1 : 2);
+  const double bytes = sum_kv * kv_bytes_per_key + double(tokens) * c.h_q * (576 + 512) * 2;
   const double tflops = flops / (us * 1e-6) / 1e12;
   const double gbps = bytes / (us * 1e-6) / 1e9;
   const double t_compute = flops / (kPeakTflops * 1e12), t_memory = bytes / (kPeakGbps * 1e9);
   nlohmann::json row = {{"op", "decode"},        {"backend", "cuda"},  {"b", c.b},
                         {"s_q", c.s_q},          {"h_q", c.h_q},       {"s_k", c.s_k},
                         {"page_size", c.page},   {"varlen", c.varlen}, {"us", us},
+                        {"cache_dtype", std::string(dtype_name(c.cache_dtype))},
+                        {"kv_bytes_per_key", kv_bytes_per_key},
                         {"tflops", tflops},      {"gbps", gbps},
                         {"bound", t_compute >= t_memory ? "compute" : "memory"},
                         {"ceiling_fraction", std::max(t_compute, t_memory) / (us * 1e-6)},
@@ -223,20 +237,44 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
   if (set == nullptr || !set->absorbed) return unsupported("no cuda absorbed op registered");
   DecodeBench db;
   db.op = set->absorbed.get();
-  const std::vector<DecodeConfig> grid = decode_grid(opt.quick);
+  std::vector<DType> dtypes;
+  if (opt.cache_dtype.find("bf16") != std::string::npos) dtypes.push_back(DType::kBF16);
+  if (opt.cache_dtype.find("fp8") != std::string::npos) dtypes.push_back(DType::kFP8E4M3);
+  if (dtypes.empty()) {
+    return invalid_argument("--cache-dtype {}: expected bf16, fp8 or bf16,fp8", opt.cache_dtype);
+  }
+  std::vector<DecodeConfig> grid;
+  for (DecodeConfig c : decode_grid(opt.quick)) {
+    for (DType dt : dtypes) {
+      c.cache_dtype = dt;
+      grid.push_back(c);
+    }
+  }
   for (const DecodeConfig& c : grid) db.cache_slots = std::max(db.cache_slots, slots_needed(c));
-  MLA_ASSIGN_OR_RETURN(db.cache, DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576 * 2,
-                                                        "bench.kv_cache", "kv_pool.bench", false));
   MLA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&db.stream, cudaStreamNonBlocking));
-  MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576, 20261202, 0.25f,
-                                    db.stream));
+  for (DType dt : dtypes) {
+    if (dt == DType::kBF16) {
+      MLA_ASSIGN_OR_RETURN(db.cache,
+                           DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576 * 2,
+                                                  "bench.kv_cache", "kv_pool.bench", false));
+      MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576,
+                                                      20261202, 0.25f, db.stream));
+    } else {
+      MLA_ASSIGN_OR_RETURN(db.cache_fp8,
+                           DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576,
+                                                  "bench.kv_cache_fp8", "kv_pool.bench", false));
+      MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_fp8(db.cache_fp8.data(), db.cache_slots * 576,
+                                                     20261203, 0.25f, db.stream));
+    }
+  }
   int failures = 0;
   uint64_t seed = 1;
   for (const DecodeConfig& c : grid) {
     auto row = bench_decode(db, c, opt.iters, seed++);
     if (!row.ok()) {
-      std::fprintf(stderr, "decode b=%d s_q=%d h_q=%d s_k=%d page=%d: %s\n", c.b, c.s_q, c.h_q,
-                   c.s_k, c.page, row.status().to_string().c_str());
+      std::fprintf(stderr, "decode b=%d s_q=%d h_q=%d s_k=%d page=%d %s: %s\n", c.b, c.s_q,
+                   c.h_q, c.s_k, c.page, std::string(dtype_name(c.cache_dtype)).c_str(),
+                   row.status().to_string().c_str());
       ++failures;
       continue;
     }
@@ -317,6 +355,9 @@ CLI::App* add_bench_command(CLI::App& app, CommandRunner* runner) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   sub->add_option("--ops", opt->ops, "Which ops: decode,prefill,extend")->capture_default_str();
+  sub->add_option("--cache-dtype", opt->cache_dtype,
+                  "Decode latent cache dtype(s): bf16, fp8 or bf16,fp8")
+      ->capture_default_str();
   sub->callback([runner, opt] { *runner = [opt] { return run_bench(*opt); }; });
   return sub;
 }

@@ -42,9 +42,17 @@ LaunchResult launch_absorbed(const AbsorbedParams& params, int num_ctas, cudaStr
   std::call_once(once, [] {
     attr_err = cudaFuncSetAttribute(absorbed_attention_kernel,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (attr_err == cudaSuccess) {
+      attr_err = cudaFuncSetAttribute(absorbed_attention_fp8_kernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    }
   });
   if (attr_err != cudaSuccess) return {attr_err, "cudaFuncSetAttribute(absorbed_attention_kernel)"};
-  absorbed_attention_kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(params);
+  if (params.kv_cache_fp8 != nullptr) {
+    absorbed_attention_fp8_kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(params);
+  } else {
+    absorbed_attention_kernel<<<num_ctas, kThreads, kSmemBytes, stream>>>(params);
+  }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
     return {e, "launch of absorbed_attention_kernel"};
   }

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -47,8 +48,8 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
       return unsupported("cuda absorbed: page_size = {} (supported: 1, 16, 32, 64, 128)",
                          page_size);
     }
-    if (cache_dtype != DType::kBF16) {
-      return unsupported("cuda absorbed: {} latent cache not implemented yet (bf16 only)",
+    if (cache_dtype != DType::kBF16 && cache_dtype != DType::kFP8E4M3) {
+      return unsupported("cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
                          dtype_name(cache_dtype));
     }
     return Status::Ok();
@@ -71,16 +72,21 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
   Status run(const AbsorbedArgs& a, const ExecContext& ctx) const override {
     MLA_CHECK_ARG(ctx.device.is_cuda(), "cuda absorbed: exec device is {}", ctx.device.to_string());
     const Device dev = ctx.device;
-    if (a.kv_cache.dtype != DType::kBF16) {
-      return unsupported("cuda absorbed: {} latent cache not implemented yet (bf16 only)",
+    const bool fp8 = a.kv_cache.dtype == DType::kFP8E4M3;
+    if (a.kv_cache.dtype != DType::kBF16 && !fp8) {
+      return unsupported("cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
                          dtype_name(a.kv_cache.dtype));
+    }
+    if (fp8) {  // the scale applies to fp8 only; a bf16 cache ignores it (SYSTEM.md 7)
+      MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f,
+                    "k_scale = {} must be positive for an fp8 cache", a.k_scale);
     }
     MLA_CHECK_ARG(a.q.ndim == 3, "q: expected [T, H, 576], got {}", a.q.describe());
     const int64_t tokens = a.q.shape[0], heads = a.q.shape[1];
     MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, 576}, dev));
     MLA_CHECK_ARG(is_supported_head_count(static_cast<int>(heads)),
                   "q: num_heads = {} (supported: 16, 32, 64, 128)", heads);
-    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", DType::kBF16, {-1, 576}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, 576}, dev));
     MLA_RETURN_IF_ERROR(
         expect_tensor(a.req_to_token, "req_to_token", DType::kI32, {-1, -1}, dev, false));
     MLA_CHECK_ARG(a.req_to_token.stride[1] == 1, "req_to_token: column stride {} must be 1",
@@ -96,7 +102,8 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     }
     absorbed::AbsorbedParams p{};
     p.q = a.q.ptr<const uint16_t>();
-    p.kv_cache = a.kv_cache.ptr<const uint16_t>();
+    p.kv_cache = fp8 ? nullptr : a.kv_cache.ptr<const uint16_t>();
+    p.kv_cache_fp8 = fp8 ? a.kv_cache.ptr<const unsigned char>() : nullptr;
     p.req_to_token = a.req_to_token.ptr<const int32_t>();
     p.req_to_token_stride = a.req_to_token.stride[0];
     p.o = a.o.ptr<uint16_t>();
@@ -107,8 +114,9 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) +
                                              (o_bytes + 255) / 256 * 256);
     p.plan = static_cast<const unsigned char*>(a.plan);
-    p.scale_log2 = a.sm_scale * 1.4426950408889634f;
-    p.wgmma_tiles = a.kv_cache.dtype == DType::kBF16 ? wgmma_mode() : 0;
+    p.scale_log2 = a.sm_scale * 1.4426950408889634f * (fp8 ? a.k_scale : 1.f);
+    p.o_scale = fp8 ? a.k_scale : 1.f;
+    p.wgmma_tiles = fp8 ? 0 : wgmma_mode();  // the sm90 kernel reads bf16 caches only
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     const absorbed::LaunchResult r = absorbed::launch_absorbed(p, ctas, stream);
     if (r.error != cudaSuccess) return cuda_status(r.error, r.what, __FILE__, __LINE__);

@@ -61,8 +61,12 @@ struct AbsorbedParams {
   float* partial_o;              // f32 [max_partials, 64, 512] (workspace)
   float* partial_lse;            // f32 [max_partials, 64] (workspace)
   const unsigned char* plan;     // device copy of the plan bytes
-  float scale_log2;              // sm_scale * log2(e): logits in base-2 units
+  float scale_log2;              // sm_scale * log2(e) (* k_scale for fp8): base-2 logits
   int32_t wgmma_tiles;           // 1: launch the sm90 kernel (64-row tiles on wgmma; bf16 only)
+  // fp8 e4m3 cache (kv_cache unused): rows of 576 bytes. The kernel converts the stored values
+  // to bf16 exactly; k_scale is folded into scale_log2 (logits) and o_scale (o = P @ V).
+  const unsigned char* kv_cache_fp8;  // fp8 [num_slots, 576], or null for a bf16 cache
+  float o_scale;                      // k_scale for fp8, 1 for bf16
 };
 
 }  // namespace mla::cuda::absorbed

@@ -336,16 +336,12 @@ __global__ void __launch_bounds__(kThreads, 1) absorbed_attention_sm90_kernel(Ab
     }
     return;
   }
-  Smem sm;
-  sm.q = sm90_smem;
-  sm.kv = sm.q + kQBytes;
-  sm.p = sm.kv + kStages * kTileBytes;
-  sm.red = reinterpret_cast<float*>(sm.p + kPBytes);
-  sm.slots = reinterpret_cast<int32_t*>(sm.red + kRedFloats);
+  // bf16 only (fp8 caches launch absorbed_attention_fp8_kernel); the same variants and shared
+  // memory layouts as absorbed_attention_kernel, from offset 0 of this block's shared memory.
   if (h.rows_per_tile == 16) {
-    attention_variant<1>(p, h, sm);
+    attention_variant<1, false>(p, h, sm90_smem);
   } else {
-    attention_variant<2>(p, h, sm);
+    attention_variant<2, false>(p, h, sm90_smem);
   }
 }
 
