@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "common/case_gen.h"
+#include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
@@ -177,6 +179,10 @@ void BM_CudaAbsorbedPlan(benchmark::State& state) {
   }
   state.counters["allocs_per_plan"] =
       plans ? static_cast<double>(g_allocs.load() - a0) / static_cast<double>(plans) : 0.0;
+  cuda::absorbed::PlanHeader header;
+  std::memcpy(&header, host_plan.data(), sizeof(header));
+  state.counters["units"] = header.num_units;
+  state.counters["combines"] = header.num_combines;
   state.SetLabel(fmt::format("cuda absorbed plan h{} bs={} s_k<={}", heads, bs, max_kv));
 }
 BENCHMARK(BM_CudaAbsorbedPlan)
