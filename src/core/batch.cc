@@ -23,16 +23,19 @@ Status check_size(std::string_view field, std::size_t size, int64_t expected,
   return Status::Ok();
 }
 
-Status check_request(const ForwardBatch& batch, const BatchLimits& limits, int b,
-                     bool extend_given) {
-  const ForwardMode mode = batch.mode;
+// One request's rules. Instantiated per mode (kMode) so the per-request loop carries no mode
+// branches.
+template <ForwardMode kMode>
+inline Status check_request(const ForwardBatch& batch, const BatchLimits& limits, int b,
+                            bool extend_given) {
+  constexpr ForwardMode mode = kMode;
   const int64_t row = batch.req_pool_indices[b];
   MLA_CHECK_ARG(row >= 0 && row <= limits.max_requests,
                 "req_pool_indices[{}] = {} is outside 0..{} (max_requests)", b, row,
                 limits.max_requests);
   const int64_t seq = batch.seq_lens[b];
   MLA_CHECK_ARG(seq >= 0, "seq_lens[{}] = {} is negative", b, seq);
-  if (mode == ForwardMode::kDecode) {
+  if constexpr (mode == ForwardMode::kDecode) {
     MLA_CHECK_ARG(seq >= 1, "seq_lens[{}] = {} must be >= 1 in decode (it counts the new token)", b,
                   seq);
   }
@@ -41,12 +44,12 @@ Status check_request(const ForwardBatch& batch, const BatchLimits& limits, int b
     const int64_t extend = batch.extend_seq_lens[b];
     MLA_CHECK_ARG(prefix >= 0, "extend_prefix_lens[{}] = {} is negative", b, prefix);
     MLA_CHECK_ARG(extend >= 0, "extend_seq_lens[{}] = {} is negative", b, extend);
-    if (mode == ForwardMode::kDecode) {
+    if constexpr (mode == ForwardMode::kDecode) {
       MLA_CHECK_ARG(extend == 1, "extend_seq_lens[{}] = {} must be 1 in decode", b, extend);
       MLA_CHECK_ARG(prefix == seq - 1,
                     "extend_prefix_lens[{}] = {} must be seq_lens[{}] - 1 = {} in decode", b,
                     prefix, b, seq - 1);
-    } else if (mode == ForwardMode::kTargetVerify) {
+    } else if constexpr (mode == ForwardMode::kTargetVerify) {
       MLA_CHECK_ARG(extend == batch.num_draft_tokens,
                     "extend_seq_lens[{}] = {} must equal num_draft_tokens = {} in target_verify", b,
                     extend, batch.num_draft_tokens);
@@ -63,7 +66,7 @@ Status check_request(const ForwardBatch& batch, const BatchLimits& limits, int b
                     b, seq, b, b, prefix, extend, prefix + extend);
     }
   }
-  if (mode == ForwardMode::kTargetVerify) {
+  if constexpr (mode == ForwardMode::kTargetVerify) {
     const int64_t kv = seq + batch.num_draft_tokens;
     MLA_CHECK_ARG(kv <= limits.max_context_len,
                   "seq_lens[{}] + num_draft_tokens = {} + {} = {} exceeds max_context_len = {}", b,
@@ -210,10 +213,35 @@ Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits) {
 
   int64_t seq_sum = 0;
   int64_t tokens = 0;
-  for (int b = 0; b < bs; ++b) {
-    MLA_RETURN_IF_ERROR(check_request(batch, limits, b, extend_given));
-    seq_sum += batch.seq_lens[static_cast<std::size_t>(b)];
-    if (has_extend_vectors(mode)) tokens += batch.extend_seq_lens[static_cast<std::size_t>(b)];
+  const auto check_all = [&]<ForwardMode kMode>() -> Status {
+    for (int b = 0; b < bs; ++b) {
+      MLA_RETURN_IF_ERROR(check_request<kMode>(batch, limits, b, extend_given));
+      seq_sum += batch.seq_lens[static_cast<std::size_t>(b)];
+      if constexpr (kMode == ForwardMode::kExtend || kMode == ForwardMode::kMixed ||
+                    kMode == ForwardMode::kDraftExtend) {
+        tokens += batch.extend_seq_lens[static_cast<std::size_t>(b)];
+      }
+    }
+    return Status::Ok();
+  };
+  switch (mode) {
+    case ForwardMode::kDecode:
+      MLA_RETURN_IF_ERROR(check_all.operator()<ForwardMode::kDecode>());
+      break;
+    case ForwardMode::kExtend:
+      MLA_RETURN_IF_ERROR(check_all.operator()<ForwardMode::kExtend>());
+      break;
+    case ForwardMode::kMixed:
+      MLA_RETURN_IF_ERROR(check_all.operator()<ForwardMode::kMixed>());
+      break;
+    case ForwardMode::kTargetVerify:
+      MLA_RETURN_IF_ERROR(check_all.operator()<ForwardMode::kTargetVerify>());
+      break;
+    case ForwardMode::kDraftExtend:
+      MLA_RETURN_IF_ERROR(check_all.operator()<ForwardMode::kDraftExtend>());
+      break;
+    case ForwardMode::kIdle:
+      break;  // batch_size is 0 (checked above)
   }
   if (mode == ForwardMode::kDecode) tokens = bs;
   if (mode == ForwardMode::kTargetVerify)
