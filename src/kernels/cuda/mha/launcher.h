@@ -1,4 +1,5 @@
-// Launch of the MHA forward kernel (persistent grid; the caller picks the CTA count).
+// Launch of the MHA forward kernel (sm90_kernel.cuh, wgmma; persistent grid, the caller picks
+// the CTA count).
 // Returns the raw CUDA error so the .cu file needs no mla/status.h (fmt does not build under
 // nvcc in C++20 mode); mha_op.cc turns it into a Status.
 #pragma once
@@ -9,12 +10,7 @@
 
 namespace mla::cuda::mha {
 
-// kSm90Wgmma: the Hopper kernel (sm90_kernel.cuh, wgmma); kMmaSync: the FlashAttention-2 style
-// kernel (kernel.cuh), kept as a fallback and for A/B measurements (MLA_MHA_KERNEL=mma_sync).
-enum class MhaKernel { kSm90Wgmma, kMmaSync };
-
 // Raises the kernel's dynamic smem limit, launches `grid` CTAs and returns cudaGetLastError().
-cudaError_t launch_mha_forward(const MhaParams& params, int grid, cudaStream_t stream,
-                               MhaKernel kernel);
+cudaError_t launch_mha_forward(const MhaParams& params, int grid, cudaStream_t stream);
 
 }  // namespace mla::cuda::mha

@@ -1,8 +1,8 @@
-// MhaAttentionOp on CUDA: host planning (plan.cc) + the Hopper wgmma kernel (sm90_kernel.cuh),
-// with the FlashAttention-2 style kernel (kernel.cuh) as a selectable fallback.
+// MhaAttentionOp on CUDA: host planning (plan.cc) + the Hopper wgmma kernel (sm90_kernel.cuh).
+// (The FlashAttention-2 style mma.sync kernel it replaced was removed: docs/cuda-notes.md, v1.)
+
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 
 #include "kernels/cuda/common.h"
@@ -14,17 +14,6 @@
 
 namespace mla::cuda {
 namespace {
-
-// The wgmma kernel unless MLA_MHA_KERNEL=mma_sync asks for the FlashAttention-2 style one (read
-// once per process).
-mha::MhaKernel selected_kernel() {
-  static const mha::MhaKernel kernel = [] {
-    const char* env = std::getenv("MLA_MHA_KERNEL");
-    return env != nullptr && std::strcmp(env, "mma_sync") == 0 ? mha::MhaKernel::kMmaSync
-                                                               : mha::MhaKernel::kSm90Wgmma;
-  }();
-  return kernel;
-}
 
 // Tuning knobs of the wgmma kernel (read once): MLA_MHA_HEAD_GROUP (heads whose units run
 // together, >= 1; default: the plan's), MLA_MHA_PINGPONG and MLA_MHA_PREFETCH (0 turns the
@@ -106,7 +95,7 @@ class CudaMhaOp final : public MhaAttentionOp {
     MLA_CHECK_CODE(StatusCode::kCudaError, grid > 0, "cuda mha: no multiprocessors on {}",
                    dev.to_string());
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
-    MLA_CUDA_RETURN_IF_ERROR(mha::launch_mha_forward(p, grid, stream, selected_kernel()));
+    MLA_CUDA_RETURN_IF_ERROR(mha::launch_mha_forward(p, grid, stream));
     MLA_CUDA_CHECK_LAUNCH("mha_fwd_kernel", stream);
     return Status::Ok();
   }

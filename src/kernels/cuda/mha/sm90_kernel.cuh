@@ -4,7 +4,7 @@
 // 128-byte-swizzled smem by cp.async from all 256 threads; S = Q K^T by wgmma m64n128k16 SS
 // (Q and K K-major), online softmax on the accumulator fragment (log2 domain), P stays in
 // registers as the A operand of O += P V (wgmma RS, V read MN-major). Same plan, LSE and
-// empty-row conventions as the mma.sync kernel (kernel.cuh).
+// empty-row conventions as the FlashAttention-2 style v1 kernel it replaced (docs/cuda-notes.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,7 +17,7 @@
 
 namespace mla::cuda::mha::sm90k {
 
-using T9 = MhaSm90Traits;
+using T9 = MhaTraits;
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
