@@ -13,6 +13,19 @@ namespace {
 
 constexpr double kTol = 2e-2;  // ||o - ref|| / ||ref||, bf16 intermediates (q_abs, o_latent, k, v)
 
+// One batch of every mode: decode, verify, draft-extend, extend without and with prefixes
+// (a zero-length prefix among them), mixed.
+std::vector<testing::BatchSpec> every_mode_specs() {
+  return {
+      {ForwardMode::kDecode, {0, 17, 40}, {}},
+      {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
+      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}},
+      {ForwardMode::kExtend, {0, 0}, {9, 5}},
+      {ForwardMode::kExtend, {40, 0, 21}, {6, 4, 3}},
+      {ForwardMode::kMixed, {30, 14}, {5, 1}},
+  };
+}
+
 class BackendNumerics : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -49,6 +62,20 @@ class BackendNumerics : public ::testing::Test {
     return run.o;
   }
 
+  // One batch of every mode through a new `name` backend with options `o`, each checked.
+  void check_every_mode(std::string_view name, const BackendOptions& o, std::string_view tag) {
+    auto b = make(name, o);
+    ASSERT_NE(b, nullptr);
+    for (const auto& spec : every_mode_specs()) {
+      ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
+      testing::LayerInputs in = testing::random_layer_inputs(batch.num_tokens(), 16, rng_);
+      check(*b, batch, in,
+            fmt::format("{}{} {} method {}", tag, name, forward_mode_name(spec.mode),
+                        forward_method_name(b->choose_forward_method(batch))));
+      testing::free_batch(*pool_, batch);
+    }
+  }
+
   std::unique_ptr<LatentKvPool> pool_;
   BackendOptions options_;
   std::unique_ptr<MlaLayer> layer_;
@@ -56,28 +83,11 @@ class BackendNumerics : public ::testing::Test {
 };
 
 TEST_F(BackendNumerics, EveryBackendAndModeMatchesTheReference) {
-  const std::vector<testing::BatchSpec> specs = {
-      {ForwardMode::kDecode, {0, 17, 40}, {}},
-      {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
-      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}},
-      {ForwardMode::kExtend, {0, 0}, {9, 5}},
-      {ForwardMode::kExtend, {40, 0, 21}, {6, 4, 3}},
-      {ForwardMode::kMixed, {30, 14}, {5, 1}},
-  };
   for (std::string_view name : {"paged_mla", "chunked_mla", "ondemand_mla"}) {
     BackendOptions o = options_;
     o.chunked_prefix_capacity = 48;  // several prefix chunks
     o.mha_prefix_threshold = 32;
-    auto b = make(name, o);
-    ASSERT_NE(b, nullptr);
-    for (const auto& spec : specs) {
-      ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
-      testing::LayerInputs in = testing::random_layer_inputs(batch.num_tokens(), 16, rng_);
-      check(*b, batch, in,
-            fmt::format("{} {} method {}", name, forward_mode_name(spec.mode),
-                        forward_method_name(b->choose_forward_method(batch))));
-      testing::free_batch(*pool_, batch);
-    }
+    check_every_mode(name, o, "");
   }
 }
 
@@ -205,29 +215,12 @@ TEST_F(BackendNumerics, EveryBackendAndModeMatchesTheReferenceOnAnFp8Cache) {
   ASSERT_NE(pool_, nullptr);
   ASSERT_TRUE(pool_->set_k_scale(0, 0.5f).ok());
   ASSERT_EQ(pool_->k_scale(0), 0.5f);
-  const std::vector<testing::BatchSpec> specs = {
-      {ForwardMode::kDecode, {0, 17, 40}, {}},
-      {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
-      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}},
-      {ForwardMode::kExtend, {0, 0}, {9, 5}},
-      {ForwardMode::kExtend, {40, 0, 21}, {6, 4, 3}},
-      {ForwardMode::kMixed, {30, 14}, {5, 1}},
-  };
   for (std::string_view name : {"paged_mla", "chunked_mla", "ondemand_mla"}) {
     for (int threshold : {32, 1 << 20}) {  // MHA for the prefixes, or absorbed (paged_mla)
       BackendOptions o = options_;
       o.chunked_prefix_capacity = 48;
       o.mha_prefix_threshold = threshold;
-      auto b = make(name, o);
-      ASSERT_NE(b, nullptr);
-      for (const auto& spec : specs) {
-        ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
-        testing::LayerInputs in = testing::random_layer_inputs(batch.num_tokens(), 16, rng_);
-        check(*b, batch, in,
-              fmt::format("fp8 {} {} method {}", name, forward_mode_name(spec.mode),
-                          forward_method_name(b->choose_forward_method(batch))));
-        testing::free_batch(*pool_, batch);
-      }
+      check_every_mode(name, o, "fp8 ");
       WorkspaceRegistry::global().release_all_for_testing();
     }
   }

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -28,10 +27,9 @@
 namespace mla::testing {
 namespace {
 
-using cuda::absorbed::CombineUnit;
 using cuda::absorbed::PlanHeader;
-using cuda::absorbed::WorkUnit;
 
+// Request rows (filled from the paged layout), query and key lengths.
 struct Batch {
   std::vector<int32_t> rows, q_lens, kv_lens;
 };
