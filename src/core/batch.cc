@@ -78,6 +78,40 @@ inline Status check_request(const ForwardBatch& batch, const BatchLimits& limits
   return Status::Ok();
 }
 
+// No value in [first_checked, end) twice: a request row listed twice would read one request's
+// keys for another, two new tokens on one slot race on the write. Values below first_checked
+// are shared on purpose: request row 0 (the padding row) and the dummy page's slots, which
+// padded CUDA-graph requests all use. Values were range-checked before. A thread-local bitset,
+// cleared after use, so a warm planner does not allocate.
+Status check_unique(const std::vector<int32_t>& values, std::string_view field,
+                    int64_t first_checked, int64_t end) {
+  thread_local std::vector<uint64_t> seen;
+  const std::size_t words = static_cast<std::size_t>((end + 63) / 64);
+  if (seen.size() < words) seen.resize(words, 0);
+  uint64_t* __restrict bits = seen.data();
+  const int32_t* __restrict v = values.data();
+  const std::size_t n = values.size();
+  std::size_t dup = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (v[i] < first_checked) continue;
+    const uint64_t bit = uint64_t{1} << (v[i] & 63);
+    uint64_t& w = bits[v[i] >> 6];
+    if (w & bit) {
+      dup = i;
+      break;
+    }
+    w |= bit;
+  }
+  for (std::size_t i = 0; i < dup; ++i) {  // clear what was set (words were all zero)
+    if (v[i] >= first_checked) bits[v[i] >> 6] = 0;
+  }
+  if (dup == values.size()) return Status::Ok();
+  std::size_t first = 0;
+  while (values[first] != values[dup]) ++first;
+  return make_status(StatusCode::kInvalidArgument, "{}[{}] = {} repeats {}[{}]", field, dup,
+                     values[dup], field, first);
+}
+
 }  // namespace
 
 std::string_view forward_mode_name(ForwardMode m) {
@@ -260,7 +294,9 @@ Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits) {
   }
   MLA_CHECK_ARG(batch.seq_lens_sum == seq_sum, "seq_lens_sum = {} is not sum(seq_lens) = {}",
                 batch.seq_lens_sum, seq_sum);
-  return Status::Ok();
+  MLA_RETURN_IF_ERROR(check_unique(batch.req_pool_indices, "req_pool_indices", 1,
+                                   int64_t{limits.max_requests} + 1));
+  return check_unique(batch.out_cache_loc, "out_cache_loc", limits.page_size, limits.num_slots);
 }
 
 void finalize_batch(ForwardBatch& batch) {
