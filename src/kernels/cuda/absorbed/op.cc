@@ -28,8 +28,7 @@ int wgmma_mode() {
     const char* v = std::getenv("MLA_ABSORBED_WGMMA");
     if (v == nullptr) return 1;
     const std::string_view s(v);
-    // 2: version 2 (one 64-key tile per step); 3: the ring, next half issued after QK
-    return s == "0" ? 0 : s == "2" ? 2 : s == "3" ? 3 : 1;
+    return s == "0" ? 0 : s == "2" ? 2 : s == "3" ? 3 : 1;  // 2, 3: L2 prefetch depths
   }();
   return mode;
 }

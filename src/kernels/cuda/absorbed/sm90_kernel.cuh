@@ -22,7 +22,6 @@
 
 #include "kernels/cuda/absorbed/kernel.cuh"
 #include "kernels/cuda/absorbed/params.h"
-#include "kernels/cuda/absorbed/sm90_ring.cuh"
 #include "kernels/cuda/absorbed/traits.h"
 #include "kernels/cuda/sm90/wgmma.cuh"
 
@@ -51,6 +50,11 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int ch) {
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
+}
+
+// Bulk prefetch of [ptr, ptr + bytes) into L2 (16-byte aligned, bytes a multiple of 16).
+__device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ int32_t slot_of(const AbsorbedParams& p, const WorkUnit& u, int key,
@@ -88,6 +92,11 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// kPrefetchTiles > 0: key rows kPrefetchTiles tiles ahead (continuing into the CTA's next unit)
+// and the next unit's query rows are prefetched into L2 with bulk prefetches, so the cp.async
+// gather, which has one tile of compute to land, mostly hits L2. A/B switch:
+// MLA_ABSORBED_WGMMA=1: 0 (none), 2: 3 tiles ahead, 3: 5 tiles ahead.
+template <int kPrefetchTiles>
 __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned char* smem) {
   const int wgi = threadIdx.x >> 7;                   // warpgroup: key half (S), column half (O)
   const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
@@ -102,10 +111,15 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
   const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
   const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
   const int u_begin = cta_begin[blockIdx.x], u_end = cta_begin[blockIdx.x + 1];
+  constexpr bool kPrefetch = kPrefetchTiles > 0;
 
   for (int ui = u_begin; ui < u_end; ++ui) {
     const WorkUnit u = units[ui];
     const int n_tiles = (u.kv_end - u.kv_begin + kBlockN - 1) / kBlockN;
+    const bool has_next = kPrefetch && ui + 1 < u_end;
+    WorkUnit nu{};
+    if (has_next) nu = units[ui + 1];
+    const int next_tiles = has_next ? (nu.kv_end - nu.kv_begin + kBlockN - 1) / kBlockN : 0;
     __syncthreads();  // the previous unit is done with every buffer
     if (threadIdx.x < 2 * kBlockN) {
       const int key = u.kv_begin + threadIdx.x;  // tiles 0 and 1: slots[0..63], [64..127]
@@ -116,6 +130,10 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
     __syncthreads();
     if (n_tiles > 0) load_kv(p, slots, kv_s);
     asm volatile("cp.async.commit_group;\n");
+    if (has_next && threadIdx.x == 2 * kBlockN && nu.num_rows > 0) {
+      prefetch_l2(p.q + static_cast<int64_t>(nu.q_row_begin) * kDimQk,
+                  static_cast<uint32_t>(nu.num_rows) * kDimQk * 2);
+    }
 
     int lim[2];
 #pragma unroll
@@ -141,6 +159,17 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
       int32_t next_slot = -1;
       const bool lookup = t + 2 < n_tiles && threadIdx.x < kBlockN;
       if (lookup) next_slot = slot_of(p, u, tile_start + 2 * kBlockN + threadIdx.x, h.page_size);
+      // Key threadIdx.x - 64 of the tile kPrefetchTiles ahead (or of the next unit's first
+      // tiles): looked up now, prefetched once the P V wgmmas are issued.
+      int32_t pf_slot = -1;
+      if (kPrefetch && threadIdx.x >= kBlockN && threadIdx.x < 2 * kBlockN) {
+        const int tp = t + kPrefetchTiles, k = threadIdx.x - kBlockN;
+        if (tp < n_tiles) {
+          pf_slot = slot_of(p, u, u.kv_begin + tp * kBlockN + k, h.page_size);
+        } else if (tp - n_tiles < next_tiles) {
+          pf_slot = slot_of(p, nu, nu.kv_begin + (tp - n_tiles) * kBlockN + k, h.page_size);
+        }
+      }
 
       // compute_qk: S[64 rows x 32 keys] of this warpgroup, over 576 dims.
       float s[16];
@@ -233,6 +262,9 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
       // slots[stage] (tile t) was last read when tile t was gathered, before this iteration's
       // first barrier; it is next read after the next iteration's first barrier.
       if (lookup) slots[stage * kBlockN + threadIdx.x] = next_slot;
+      if (kPrefetch && pf_slot >= 0) {
+        prefetch_l2(p.kv_cache + static_cast<int64_t>(pf_slot) * kDimQk, kDimQk * 2);
+      }
       wgmma_wait<0>();
       fence_regs(o);
     }
@@ -285,8 +317,7 @@ __device__ void tile64(const AbsorbedParams& p, const PlanHeader& h, unsigned ch
 
 }  // namespace wg
 
-inline constexpr int kSm90SmemBytes =
-    max_int(max_int(wg::kSmemBytes, ring::kSmemBytes), kSmemBytes);
+inline constexpr int kSm90SmemBytes = wg::kSmemBytes > kSmemBytes ? wg::kSmemBytes : kSmemBytes;
 
 // 64-row tiles on wgmma; 16 / 32-row tiles on the mma.sync variants of kernel.cuh.
 __global__ void __launch_bounds__(kThreads, 1) absorbed_attention_sm90_kernel(AbsorbedParams p) {
@@ -297,11 +328,11 @@ __global__ void __launch_bounds__(kThreads, 1) absorbed_attention_sm90_kernel(Ab
     const uint32_t a = sm90::smem_u32(sm90_smem);
     unsigned char* aligned = sm90_smem + (((a + 1023u) & ~1023u) - a);
     if (p.wgmma_tiles == 2) {
-      wg::tile64(p, h, aligned);
+      wg::tile64<3>(p, h, aligned);
     } else if (p.wgmma_tiles == 3) {
-      ring::tile64_ring<true>(p, h, aligned);
+      wg::tile64<5>(p, h, aligned);
     } else {
-      ring::tile64_ring<false>(p, h, aligned);
+      wg::tile64<0>(p, h, aligned);
     }
     return;
   }
