@@ -56,8 +56,8 @@ struct BatchLimits {
 // batch_size vs vector sizes, negative lengths, seq_len below prefix, extend lengths that do not
 // add up to out_cache_loc, request rows or slots out of range, lengths beyond max_context_len,
 // mode-specific rules (decode q_len 1, verify num_draft_tokens in [1, max_draft_tokens], ...),
-// seq_lens_sum mismatch, a request row listed twice or two new tokens on one slot (row 0 and the
-// dummy page's slots, used by padded graph requests, may repeat). Writes nothing.
+// seq_lens_sum mismatch, a request row listed twice (row 0, the padding row of graph batches,
+// may repeat). Writes nothing. Repeated out_cache_loc slots are not checked (cost; see batch.cc).
 Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits);
 
 // Fills seq_lens_sum and, for decode/verify, the implied extend vectors, so callers can build a
