@@ -7,6 +7,9 @@
 //   IDLE          -                   -                         0
 #include "mla/batch.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "mla/kv_pool.h"
 
 namespace mla {
@@ -78,37 +81,41 @@ inline Status check_request(const ForwardBatch& batch, const BatchLimits& limits
   return Status::Ok();
 }
 
-// No value in [first_checked, end) twice: a request row listed twice would read one request's
-// keys for another. Values below first_checked are shared on purpose: request row 0 (the padding
-// row), which padded CUDA-graph requests all use. Values were range-checked before. A thread-local bitset,
-// cleared after use, so a warm planner does not allocate.
-Status check_unique(const std::vector<int32_t>& values, std::string_view field,
-                    int64_t first_checked, int64_t end) {
-  thread_local std::vector<uint64_t> seen;
-  const std::size_t words = static_cast<std::size_t>((end + 63) / 64);
-  if (seen.size() < words) seen.resize(words, 0);
-  uint64_t* __restrict bits = seen.data();
-  const int32_t* __restrict v = values.data();
-  const std::size_t n = values.size();
-  std::size_t dup = n;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (v[i] < first_checked) continue;
-    const uint64_t bit = uint64_t{1} << (v[i] & 63);
-    uint64_t& w = bits[v[i] >> 6];
-    if (w & bit) {
-      dup = i;
-      break;
+// Repeated request rows: a row listed twice would read one request's keys for another. Row 0
+// (the padding row, used by every padded CUDA-graph request) may repeat. A thread-local stamp
+// per row (the batch's epoch) makes the check one load and one store per request, with no
+// clearing pass and, once warm, no allocation.
+class RowStamps {
+ public:
+  // Starts a batch over rows 0..num_rows-1.
+  void begin(int64_t num_rows) {
+    if (stamp_.size() < static_cast<std::size_t>(num_rows)) {
+      stamp_.resize(static_cast<std::size_t>(num_rows), 0);
     }
-    w |= bit;
+    if (++epoch_ == 0) {  // wrapped: forget every stamp
+      std::fill(stamp_.begin(), stamp_.end(), 0);
+      epoch_ = 1;
+    }
   }
-  for (std::size_t i = 0; i < dup; ++i) {  // clear what was set (words were all zero)
-    if (v[i] >= first_checked) bits[v[i] >> 6] = 0;
+  // False if the row was already seen in this batch.
+  bool mark(int32_t row) {
+    uint32_t& s = stamp_[static_cast<std::size_t>(row)];
+    const bool fresh = row == 0 || s != epoch_;
+    s = epoch_;
+    return fresh;
   }
-  if (dup == values.size()) return Status::Ok();
-  std::size_t first = 0;
-  while (values[first] != values[dup]) ++first;
-  return make_status(StatusCode::kInvalidArgument, "{}[{}] = {} repeats {}[{}]", field, dup,
-                     values[dup], field, first);
+
+ private:
+  std::vector<uint32_t> stamp_;
+  uint32_t epoch_ = 0;
+};
+
+[[gnu::cold]] Status repeated_row(const ForwardBatch& batch, int b) {
+  const int32_t row = batch.req_pool_indices[static_cast<std::size_t>(b)];
+  int first = 0;
+  while (batch.req_pool_indices[static_cast<std::size_t>(first)] != row) ++first;
+  return make_status(StatusCode::kInvalidArgument, "req_pool_indices[{}] = {} repeats "
+                     "req_pool_indices[{}] (a request may appear once per batch)", b, row, first);
 }
 
 }  // namespace
@@ -246,9 +253,14 @@ Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits) {
 
   int64_t seq_sum = 0;
   int64_t tokens = 0;
+  thread_local RowStamps rows_seen;
+  rows_seen.begin(int64_t{limits.max_requests} + 1);
   const auto check_all = [&]<ForwardMode kMode>() -> Status {
     for (int b = 0; b < bs; ++b) {
       MLA_RETURN_IF_ERROR(check_request<kMode>(batch, limits, b, extend_given));
+      if (!rows_seen.mark(batch.req_pool_indices[static_cast<std::size_t>(b)])) [[unlikely]] {
+        return repeated_row(batch, b);
+      }
       seq_sum += batch.seq_lens[static_cast<std::size_t>(b)];
       if constexpr (kMode == ForwardMode::kExtend || kMode == ForwardMode::kMixed ||
                     kMode == ForwardMode::kDraftExtend) {
@@ -293,11 +305,10 @@ Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits) {
   }
   MLA_CHECK_ARG(batch.seq_lens_sum == seq_sum, "seq_lens_sum = {} is not sum(seq_lens) = {}",
                 batch.seq_lens_sum, seq_sum);
-  // Slots are not checked for repeats: over a pool of ~10^5-10^6 slots the bitset misses the
-  // cache and cost ~1.5 us per batch-256 plan (+40%); out_cache_loc comes from the engine's
+  // Slots are not checked for repeats: a bitset over a pool of ~10^5-10^6 slots misses the cache
+  // and cost ~1.5 us per batch-256 plan (+40%); out_cache_loc comes from the engine's
   // allocator, and LatentKvPool never hands out a slot twice (kv_pool_property_test).
-  return check_unique(batch.req_pool_indices, "req_pool_indices", 1,
-                      int64_t{limits.max_requests} + 1);
+  return Status::Ok();
 }
 
 void finalize_batch(ForwardBatch& batch) {
