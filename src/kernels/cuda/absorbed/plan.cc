@@ -306,8 +306,10 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   std::memcpy(base, &h, sizeof(h));
   std::memcpy(base + layout.cta_begin_offset, cta_begin.data(),
               sizeof(int32_t) * cta_begin.size());
-  std::memcpy(base + layout.combines_offset, combines.data(),
-              sizeof(CombineUnit) * combines.size());
+  if (!combines.empty()) {  // memcpy from an empty vector's null data() is undefined
+    std::memcpy(base + layout.combines_offset, combines.data(),
+                sizeof(CombineUnit) * combines.size());
+  }
   // Bytes through the last combine written: the upload can stop there.
   return layout.combines_offset + sizeof(CombineUnit) * combines.size();
 }
