@@ -27,6 +27,14 @@ struct Batch {
   std::vector<int32_t> rows, q_lens, kv_lens;
 };
 
+// An array of the plan, copied out (an empty one without touching a null pointer).
+template <typename T>
+std::vector<T> plan_array(const std::vector<std::byte>& plan, int32_t offset, int64_t count) {
+  std::vector<T> out(static_cast<std::size_t>(count));
+  if (count > 0) std::memcpy(out.data(), plan.data() + offset, out.size() * sizeof(T));
+  return out;
+}
+
 Batch random_batch(Rng& rng, int bs, int max_q, int max_kv) {
   Batch b;
   for (int i = 0; i < bs; ++i) {
@@ -61,16 +69,12 @@ TEST(AbsorbedPlan, RandomBatchesCoverEveryRowAndKeyOnce) {
     PlanHeader h;
     std::memcpy(&h, plan.data(), sizeof(h));
     ASSERT_EQ(h.num_ctas, ctas);
-    std::vector<int32_t> begin(ctas + 1);
-    std::memcpy(begin.data(), plan.data() + h.cta_begin_offset, begin.size() * 4);
+    const auto begin = plan_array<int32_t>(plan, h.cta_begin_offset, ctas + 1);
     ASSERT_EQ(begin[0], 0);
     ASSERT_EQ(begin[ctas], h.num_units);
     for (int g = 0; g < ctas; ++g) ASSERT_LE(begin[g], begin[g + 1]);
-    std::vector<WorkUnit> units(h.num_units);
-    std::memcpy(units.data(), plan.data() + h.units_offset, units.size() * sizeof(WorkUnit));
-    std::vector<CombineUnit> combines(h.num_combines);
-    std::memcpy(combines.data(), plan.data() + h.combines_offset,
-                combines.size() * sizeof(CombineUnit));
+    const auto units = plan_array<WorkUnit>(plan, h.units_offset, h.num_units);
+    const auto combines = plan_array<CombineUnit>(plan, h.combines_offset, h.num_combines);
     ASSERT_LE(h.num_partials, cuda::absorbed::max_partials(ctas));
 
     // coverage[(flat row)] = keys covered, counted per key range
@@ -126,10 +130,8 @@ TEST(AbsorbedPlan, VariableLengthsStayBalanced) {
     ASSERT_TRUE(cuda::absorbed::build_plan(p, cap, ctas, plan).ok());
     PlanHeader h;
     std::memcpy(&h, plan.data(), sizeof(h));
-    std::vector<int32_t> begin(ctas + 1);
-    std::memcpy(begin.data(), plan.data() + h.cta_begin_offset, begin.size() * 4);
-    std::vector<WorkUnit> units(h.num_units);
-    std::memcpy(units.data(), plan.data() + h.units_offset, units.size() * sizeof(WorkUnit));
+    const auto begin = plan_array<int32_t>(plan, h.cta_begin_offset, ctas + 1);
+    const auto units = plan_array<WorkUnit>(plan, h.units_offset, h.num_units);
     int64_t total = 0, worst = 0;
     for (int g = 0; g < ctas; ++g) {
       int64_t cost = 0;
