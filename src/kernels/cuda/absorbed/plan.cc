@@ -230,18 +230,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
 
   // 2. Units written in place, group by group: group g owns CTAs [g * ctas_per_group, ...) and
   // its pieces come in ascending CTA order, so the output is CTA-major with no sorting pass.
-  // A tile cut into several pieces writes partial slots that one combine merges.
-  int64_t units_needed = 0;
-  for (int g = 0; g < groups; ++g) {
-    for (std::size_t item = 0; item < num_items; ++item) {
-      const bool has_tile = groups > 1 ? first_tile[item] + g < first_tile[item + 1] : true;
-      if (has_tile) units_needed += piece_begin[item + 1] - piece_begin[item];
-    }
-  }
-  if (units_needed > layout.max_units) {
-    return internal_error("absorbed plan overflow: {} units (max {})", units_needed,
-                          layout.max_units);
-  }
+  // A tile cut into several pieces writes partial slots that one combine merges. Each unit is
+  // bounds-checked as it is written (the layout's max_units bounds them; exceeding it is a bug).
   std::byte* base = host_plan.data();
   auto* units_out = reinterpret_cast<WorkUnit*>(base + layout.units_offset);
   std::vector<int32_t>& cta_begin = s.cta_begin;  // [num_ctas + 1]
@@ -263,6 +253,9 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
         const Piece& pc = pieces[static_cast<std::size_t>(k)];
         const int owner = cta0 + pc.cta;
         while (next_cta <= owner) cta_begin[next_cta++] = num_units;
+        if (num_units >= layout.max_units) [[unlikely]] {
+          return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
+        }
         // Constructed in place, field by field: building a local and copying it out made every
         // unit wait on a store-to-load forwarding stall (a third of the planner's time).
         WorkUnit* u = ::new (static_cast<void*>(units_out + num_units++)) WorkUnit;
