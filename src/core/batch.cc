@@ -15,7 +15,7 @@
 namespace mla {
 namespace {
 
-bool has_extend_vectors(ForwardMode m) {
+constexpr bool has_extend_vectors(ForwardMode m) {
   return m == ForwardMode::kExtend || m == ForwardMode::kMixed || m == ForwardMode::kDraftExtend;
 }
 
@@ -262,8 +262,7 @@ Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits) {
         return repeated_row(batch, b);
       }
       seq_sum += batch.seq_lens[static_cast<std::size_t>(b)];
-      if constexpr (kMode == ForwardMode::kExtend || kMode == ForwardMode::kMixed ||
-                    kMode == ForwardMode::kDraftExtend) {
+      if constexpr (has_extend_vectors(kMode)) {
         tokens += batch.extend_seq_lens[static_cast<std::size_t>(b)];
       }
     }
