@@ -81,8 +81,27 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   summary+=("bench      rc=$? rows=$(grep -c . "$OUT/h200.jsonl" 2>/dev/null)")
 fi
 
+# A/B variants: GPU_AB="label|ENV=V ENV2=V;label2|ENV=V". For each: the absorbed tests and the
+# quick decode grid under that environment, rows tagged "variant": label (MLA_BENCH_VARIANT).
+if [ -n "${GPU_AB:-}" ]; then
+  IFS=';' read -ra variants <<< "$GPU_AB"
+  for v in "${variants[@]}"; do
+    label="${v%%|*}"
+    envs="${v#*|}"
+    {
+      echo "== variant $label ($envs)"
+      env $envs timeout 120 "$tests" --gtest_filter="${GPU_AB_TEST_FILTER:-AbsorbedDevice.*:*absorbed*}" \
+        2>&1 | grep -E '^\[  (PASSED|FAILED) |tests ran'
+      env $envs MLA_BENCH_VARIANT="$label" timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$mla" bench \
+        --device cuda --quick --ops decode --out "$OUT/h200.jsonl"
+    } >> "$OUT/bench_ab.log" 2>&1
+    summary+=("variant    $label: $(grep -A3 "== variant $label" "$OUT/bench_ab.log" | grep -E 'PASSED|FAILED' | tr '\n' ' ')")
+  done
+fi
+
 echo
 echo "==== bench (us, TFLOP/s, GB/s, fraction of the ceiling) ===="
 cat "$OUT/bench.log" 2>/dev/null | tail -80
+[ -f "$OUT/bench_ab.log" ] && grep -E '^(== variant|decode )' "$OUT/bench_ab.log"
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"

@@ -107,8 +107,67 @@ struct Outputs {
   std::vector<float> lse;
 };
 
-// One long request per row tile count: the plan splits each tile over many blocks; the result
-// must match the double-precision reference (fp8: dequantised stored value * k_scale).
+// Uploads the problem and the host plan, runs the op once with poisoned outputs (0xff bytes:
+// NaN) and reads o / lse back.
+::testing::AssertionResult run_on_device(const AbsorbedAttentionOp* op, const DeviceProblem& d,
+                                         const AttnCapacity& cap,
+                                         const std::vector<std::byte>& plan, std::vector<bf16>* o_h,
+                                         std::vector<float>* lse_h) {
+  const int heads = d.heads;
+  auto q = upload(d.q.data(), d.q.size() * 2, "q");
+  auto kv = upload(d.cache.bytes.data(), d.cache.bytes.size(), "kv");
+  auto r2t = upload(d.layout.req_to_token.data(), d.layout.req_to_token.size() * 4, "r2t");
+  auto plan_d = upload(plan.data(), plan.size(), "plan");
+  auto ws = DeviceBuffer::allocate(Device::cuda(), op->workspace_bytes(cap), "ws", "test", false);
+  auto o = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 512 * 2, "o", "test", false);
+  auto lse = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 4, "lse", "test", false);
+  if (!(q.ok() && kv.ok() && r2t.ok() && plan_d.ok() && ws.ok() && o.ok() && lse.ok())) {
+    return ::testing::AssertionFailure() << "device allocation or upload failed";
+  }
+  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
+  if (!rt->memset(o->data(), 0xff, o->bytes(), nullptr).ok() ||
+      !rt->memset(lse->data(), 0xff, lse->bytes(), nullptr).ok()) {
+    return ::testing::AssertionFailure() << "poisoning the outputs failed";
+  }
+  AbsorbedArgs a;
+  a.q = TensorView(q->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 576});
+  a.kv_cache = TensorView(kv->data(), d.cache_dtype, Device::cuda(), {d.layout.num_slots, 576});
+  a.k_scale = d.k_scale;
+  a.req_to_token = TensorView(r2t->data(), DType::kI32, Device::cuda(),
+                              {d.layout.num_rows, d.layout.max_context_len});
+  a.o = TensorView(o->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 512});
+  a.lse = TensorView(lse->data(), DType::kF32, Device::cuda(), {d.tokens, heads});
+  a.sm_scale = 0.135234f;
+  a.plan = plan_d->data();
+  a.workspace = ws->data();
+  a.workspace_bytes = ws->bytes();
+  if (const Status st = op->run(a, ExecContext{Device::cuda(), nullptr}); !st.ok()) {
+    return ::testing::AssertionFailure() << "run: " << st.to_string();
+  }
+  o_h->resize(d.tokens * heads * 512);
+  lse_h->resize(d.tokens * heads);
+  if (const Status st = rt->copy_to_host(o_h->data(), o->data(), o->bytes(), nullptr); !st.ok()) {
+    return ::testing::AssertionFailure() << st.to_string();
+  }
+  if (const Status st = rt->copy_to_host(lse_h->data(), lse->data(), lse->bytes(), nullptr);
+      !st.ok()) {
+    return ::testing::AssertionFailure() << st.to_string();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// o / lse of one run against the double-precision reference (fp8: dequantised stored value *
+// k_scale).
+void expect_matches_reference(const DeviceProblem& d, const std::vector<bf16>& o_h,
+                              const std::vector<float>& lse_h, const std::string& what) {
+  const RefAttention ref = reference_of(d);
+  const Comparison co = compare_values("o", to_float(o_h), ref.o, default_tolerance(DType::kBF16));
+  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
+  EXPECT_TRUE(co.ok) << what << ": " << co.message;
+  EXPECT_TRUE(cl.ok) << what << ": " << cl.message;
+}
+
+// One long request per row tile count: the plan splits each tile over many blocks.
 void check_split_schedule(const AbsorbedAttentionOp* op, int heads, int page, DType cache_dtype,
                           float k_scale, uint64_t seed, std::vector<int32_t> q_lens = {1, 2, 1}) {
   const std::string what = fmt::format("heads {} page {} {} k_scale {} q_lens [{}]", heads, page,
@@ -123,43 +182,10 @@ void check_split_schedule(const AbsorbedAttentionOp* op, int heads, int page, DT
   PlanHeader h;
   std::memcpy(&h, plan.data(), sizeof(h));
   EXPECT_GT(h.num_combines, 0) << "expected a split schedule";
-  auto q = upload(d.q.data(), d.q.size() * 2, "q");
-  auto kv = upload(d.cache.bytes.data(), d.cache.bytes.size(), "kv");
-  auto r2t = upload(d.layout.req_to_token.data(), d.layout.req_to_token.size() * 4, "r2t");
-  auto plan_d = upload(plan.data(), plan.size(), "plan");
-  ASSERT_TRUE(q.ok() && kv.ok() && r2t.ok() && plan_d.ok());
-  auto ws = DeviceBuffer::allocate(Device::cuda(), op->workspace_bytes(cap), "ws", "test", false);
-  auto o = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 512 * 2, "o", "test", false);
-  auto lse = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 4, "lse", "test", false);
-  ASSERT_TRUE(ws.ok() && o.ok() && lse.ok());
-  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
-  ASSERT_TRUE(rt->memset(o->data(), 0xff, o->bytes(), nullptr).ok());
-  ASSERT_TRUE(rt->memset(lse->data(), 0xff, lse->bytes(), nullptr).ok());
-  AbsorbedArgs a;
-  a.q = TensorView(q->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 576});
-  a.kv_cache = TensorView(kv->data(), cache_dtype, Device::cuda(), {d.layout.num_slots, 576});
-  a.k_scale = k_scale;
-  a.req_to_token = TensorView(r2t->data(), DType::kI32, Device::cuda(),
-                              {d.layout.num_rows, d.layout.max_context_len});
-  a.o = TensorView(o->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 512});
-  a.lse = TensorView(lse->data(), DType::kF32, Device::cuda(), {d.tokens, heads});
-  a.sm_scale = 0.135234f;
-  a.plan = plan_d->data();
-  a.workspace = ws->data();
-  a.workspace_bytes = ws->bytes();
-  const Status st = op->run(a, ExecContext{Device::cuda(), nullptr});
-  ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
-  std::vector<bf16> o_h(d.tokens * heads * 512);
-  std::vector<float> lse_h(d.tokens * heads);
-  const Status c1 = rt->copy_to_host(o_h.data(), o->data(), o->bytes(), nullptr);
-  ASSERT_TRUE(c1.ok()) << c1.to_string();
-  const Status c2 = rt->copy_to_host(lse_h.data(), lse->data(), lse->bytes(), nullptr);
-  ASSERT_TRUE(c2.ok()) << c2.to_string();
-  const RefAttention ref = reference_of(d);
-  const Comparison co = compare_values("o", to_float(o_h), ref.o, default_tolerance(DType::kBF16));
-  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
-  EXPECT_TRUE(co.ok) << what << ": " << co.message;
-  EXPECT_TRUE(cl.ok) << what << ": " << cl.message;
+  std::vector<bf16> o_h;
+  std::vector<float> lse_h;
+  ASSERT_TRUE(run_on_device(op, d, cap, plan, &o_h, &lse_h)) << what;
+  expect_matches_reference(d, o_h, lse_h, what);
 }
 
 TEST_F(AbsorbedDevice, SplitScheduleMatchesReference) {
@@ -190,11 +216,24 @@ TEST_F(AbsorbedDevice, Bf16IgnoresKScale) {
 }
 
 // Runs one batch eagerly (outputs poisoned first) and checks o / lse against the reference;
-// returns the plan header so callers can check the tile shape and the split.
+// returns the plan header so callers can check the tile shape and the split. nan_unused: every
+// cache slot no request uses (the rest of a last page, unallocated pages) holds bf16 NaN, so a
+// kernel that lets a row past kv_end reach P V (0 * NaN) fails.
 PlanHeader run_against_reference(const AbsorbedAttentionOp* op, uint64_t seed, int heads,
-                                 int page, const Batch& b) {
+                                 int page, const Batch& b, bool nan_unused = false) {
   PlanHeader h{};
   DeviceProblem d = make_problem(seed, heads, page, b);
+  if (nan_unused) {
+    std::vector<char> used(static_cast<std::size_t>(d.layout.num_slots), 0);
+    for (std::size_t r = 0; r < b.kv_lens.size(); ++r) {
+      for (int64_t i = 0; i < b.kv_lens[r]; ++i) used[d.layout.slot(static_cast<int>(r), i)] = 1;
+    }
+    const uint16_t nan_bits = 0x7fc0;
+    for (int64_t slot = 0; slot < d.layout.num_slots; ++slot) {
+      if (used[slot]) continue;
+      for (int c = 0; c < 576; ++c) std::memcpy(&d.cache.bytes[(slot * 576 + c) * 2], &nan_bits, 2);
+    }
+  }
   int64_t max_tokens = 0;
   for (int32_t ql : b.q_lens) max_tokens += ql;
   AttnCapacity cap{static_cast<int>(b.q_lens.size()), std::max<int64_t>(max_tokens, 1), 0, 4,
@@ -205,40 +244,12 @@ PlanHeader run_against_reference(const AbsorbedAttentionOp* op, uint64_t seed, i
   EXPECT_TRUE(used.ok()) << used.status().to_string();
   if (!used.ok()) return h;
   std::memcpy(&h, plan.data(), sizeof(h));
-  auto q = upload(d.q.data(), d.q.size() * 2, "q");
-  auto kv = upload(d.cache.bytes.data(), d.cache.bytes.size(), "kv");
-  auto r2t = upload(d.layout.req_to_token.data(), d.layout.req_to_token.size() * 4, "r2t");
-  auto plan_d = upload(plan.data(), plan.size(), "plan");
-  auto ws = DeviceBuffer::allocate(Device::cuda(), op->workspace_bytes(cap), "ws", "test", false);
-  auto o = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 512 * 2, "o", "test", false);
-  auto lse = DeviceBuffer::allocate(Device::cuda(), d.tokens * heads * 4, "lse", "test", false);
-  EXPECT_TRUE(q.ok() && kv.ok() && r2t.ok() && plan_d.ok() && ws.ok() && o.ok() && lse.ok());
-  if (!(q.ok() && kv.ok() && r2t.ok() && plan_d.ok() && ws.ok() && o.ok() && lse.ok())) return h;
-  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
-  EXPECT_TRUE(rt->memset(o->data(), 0xff, o->bytes(), nullptr).ok());
-  EXPECT_TRUE(rt->memset(lse->data(), 0xff, lse->bytes(), nullptr).ok());
-  AbsorbedArgs a;
-  a.q = TensorView(q->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 576});
-  a.kv_cache = TensorView(kv->data(), DType::kBF16, Device::cuda(), {d.layout.num_slots, 576});
-  a.req_to_token = TensorView(r2t->data(), DType::kI32, Device::cuda(),
-                              {d.layout.num_rows, d.layout.max_context_len});
-  a.o = TensorView(o->data(), DType::kBF16, Device::cuda(), {d.tokens, heads, 512});
-  a.lse = TensorView(lse->data(), DType::kF32, Device::cuda(), {d.tokens, heads});
-  a.sm_scale = 0.135234f;
-  a.plan = plan_d->data();
-  a.workspace = ws->data();
-  a.workspace_bytes = ws->bytes();
-  const Status st = op->run(a, ExecContext{Device::cuda(), nullptr});
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  std::vector<bf16> o_h(d.tokens * heads * 512);
-  std::vector<float> lse_h(d.tokens * heads);
-  EXPECT_TRUE(rt->copy_to_host(o_h.data(), o->data(), o->bytes(), nullptr).ok());
-  EXPECT_TRUE(rt->copy_to_host(lse_h.data(), lse->data(), lse->bytes(), nullptr).ok());
-  const RefAttention ref = reference_of(d);
-  const Comparison co = compare_values("o", to_float(o_h), ref.o, default_tolerance(DType::kBF16));
-  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
-  EXPECT_TRUE(co.ok) << "heads " << heads << " page " << page << ": " << co.message;
-  EXPECT_TRUE(cl.ok) << "heads " << heads << " page " << page << ": " << cl.message;
+  std::vector<bf16> o_h;
+  std::vector<float> lse_h;
+  const ::testing::AssertionResult ran = run_on_device(op, d, cap, plan, &o_h, &lse_h);
+  EXPECT_TRUE(ran);
+  if (!ran) return h;
+  expect_matches_reference(d, o_h, lse_h, fmt::format("heads {} page {}", heads, page));
   return h;
 }
 
@@ -271,6 +282,23 @@ TEST_F(AbsorbedDevice, RowTiles64MatchReference) {
       EXPECT_GT(h.num_combines, 0) << "expected a split schedule";
     }
     ++i;
+  }
+}
+
+// Key tiles that end inside a page: the rows past kv_end (the rest of the page, read by the
+// 16-row TMA boxes, or rows of boxes not loaded at all) must never reach P V. Unused slots hold
+// NaN here; lengths end at every offset class inside a 16-row box and a 64-key tile; page 128
+// holds two key tiles per page.
+TEST_F(AbsorbedDevice, RowsPastKvEndNeverReachTheOutput) {
+  const Batch b{{}, {1, 1, 1, 1, 1}, {1000, 77, 5, 1, 130}};
+  int i = 0;
+  for (int heads : {128, 64}) {
+    for (int page : {16, 32, 64, 128, 1}) {
+      SCOPED_TRACE("heads " + std::to_string(heads) + ", page " + std::to_string(page));
+      const PlanHeader h =
+          run_against_reference(op_, mix_seed(base_seed(), 4000 + i++), heads, page, b, true);
+      EXPECT_EQ(h.rows_per_tile, 64);
+    }
   }
 }
 

@@ -73,7 +73,11 @@ class Emitter {
     }
   }
   bool file_ok() const { return opt_.out.empty() || file_.good(); }
-  void emit(const nlohmann::json& row) {
+  void emit(nlohmann::json row) {
+    // MLA_BENCH_VARIANT names an A/B build or switch setting in the recorded rows.
+    if (const char* v = std::getenv("MLA_BENCH_VARIANT"); v != nullptr && *v != '\0') {
+      row["variant"] = v;
+    }
     if (opt_.json) {
       std::cout << row.dump() << "\n" << std::flush;
     } else {

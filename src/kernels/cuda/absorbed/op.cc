@@ -11,6 +11,7 @@
 #include "kernels/cuda/absorbed/plan.h"
 #include "kernels/cuda/absorbed/traits.h"
 #include "kernels/cuda/common.h"
+#include "kernels/cuda/sm90/tensor_map.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
 
@@ -20,17 +21,26 @@ namespace {
 // Without a device (host-only planning tests) plans are made for an H200's 132 SMs.
 constexpr int kDefaultCtas = 132;
 
-// The sm90 wgmma kernel for 64-row tiles (bf16 cache); MLA_ABSORBED_WGMMA=0 keeps every tile on
-// the mma.sync kernel (A/B comparisons). Read once: the choice is fixed for the process, so a
-// captured graph never sees it change.
+// The sm90 kernel for 64-row tiles of a bf16 cache: version 3 (default), MLA_ABSORBED_WGMMA=v2
+// version 2, =0 the mma.sync kernel for every tile (A/B comparisons). MLA_ABSORBED_TMA=0 makes
+// version 3 gather by cp.async at every page size. Read once: the choice is fixed for the
+// process, so a captured graph never sees it change.
 int wgmma_mode() {
   static const int mode = [] {
     const char* v = std::getenv("MLA_ABSORBED_WGMMA");
-    if (v == nullptr) return 1;
+    if (v == nullptr) return 3;
     const std::string_view s(v);
-    return s == "0" ? 0 : s == "2" ? 2 : s == "3" ? 3 : 1;  // 2, 3: L2 prefetch depths
+    return s == "0" ? 0 : s == "v2" ? 2 : 3;
   }();
   return mode;
+}
+
+bool tma_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLA_ABSORBED_TMA");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
 }
 
 int grid_ctas() {
@@ -117,6 +127,14 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.scale_log2 = a.sm_scale * 1.4426950408889634f * (fp8 ? a.k_scale : 1.f);
     p.o_scale = fp8 ? a.k_scale : 1.f;
     p.wgmma_tiles = fp8 ? 0 : wgmma_mode();  // the sm90 kernel reads bf16 caches only
+    if (p.wgmma_tiles == 3 && tma_enabled()) {
+      // Boxes of 16 rows (the smallest paged page size) x 64 columns of the [slots, 576] cache.
+      p.kv_tmap_valid = sm90::encode_bf16_tensor_map_sw128(a.kv_cache.data, a.kv_cache.shape[0],
+                                                           576, a.kv_cache.stride[0], 16, 64,
+                                                           p.kv_tmap)
+                            ? 1
+                            : 0;
+    }
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     const absorbed::LaunchResult r = absorbed::launch_absorbed(p, ctas, stream);
     if (r.error != cudaSuccess) return cuda_status(r.error, r.what, __FILE__, __LINE__);

@@ -62,11 +62,16 @@ struct AbsorbedParams {
   float* partial_lse;            // f32 [max_partials, 64] (workspace)
   const unsigned char* plan;     // device copy of the plan bytes
   float scale_log2;              // sm_scale * log2(e) (* k_scale for fp8): base-2 logits
-  int32_t wgmma_tiles;           // 1: launch the sm90 kernel (64-row tiles on wgmma; bf16 only)
+  int32_t wgmma_tiles;           // 0: mma.sync kernel; 3 / 2: sm90 kernel version 3 / 2 (bf16)
   // fp8 e4m3 cache (kv_cache unused): rows of 576 bytes. The kernel converts the stored values
   // to bf16 exactly; k_scale is folded into scale_log2 (logits) and o_scale (o = P @ V).
   const unsigned char* kv_cache_fp8;  // fp8 [num_slots, 576], or null for a bf16 cache
   float o_scale;                      // k_scale for fp8, 1 for bf16
+  // TMA tensor map (CUtensorMap) over kv_cache as bf16 [num_slots, 576], boxes of 16 rows x 64
+  // columns, 128-byte swizzle; read through the kernel parameter (__grid_constant__). Used by
+  // the sm90 version-3 kernel for page sizes >= 16 when kv_tmap_valid (else cp.async).
+  alignas(64) unsigned char kv_tmap[128];
+  int32_t kv_tmap_valid;
 };
 
 }  // namespace mla::cuda::absorbed

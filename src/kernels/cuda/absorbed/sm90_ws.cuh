@@ -1,0 +1,364 @@
+// Absorbed paged MLA attention, version 3 (Hopper, sm_90a): 64-row tiles on wgmma with the two
+// warpgroups in different roles, so one warpgroup's softmax runs under the other's tensor work
+// and the key gather is issued by the copy engine instead of the compute threads.
+//
+// Per 64-key tile t (stage s = t % 2 of a double-buffered key ring):
+//   warpgroup 0 (threads 0-127): S = Q K^T for all 64 keys (m64n64k16 SS x 36), online softmax
+//     (row maxima inside a quad of threads, no exchange), P (bf16) to shared memory with the
+//     rows' rescale factors, then O[:, 0:256] += P V[:, 0:256] with P from registers
+//     (m64n256k16 RS x 4). Its P V of tile t stays in flight while it issues S of tile t + 1.
+//   warpgroup 1 (threads 128-255): O[:, 256:512] += P V[:, 256:512] (m64n256k16 SS x 4, P from
+//     shared memory), then, once both warpgroups are done with stage s, loads tile t + 2 into it:
+//     page size >= 16 by TMA (boxes of 16 key rows x 64 columns, 36 per tile, 128-byte swizzle
+//     applied by the copy engine; a tile's rows past kv_end are zeroed by warpgroup 0 after the
+//     copy), page size 1 by 16-byte cp.async of all 128 threads (zero fill past kv_end), both
+//     completing on the stage's mbarrier. Slots are looked up one tile before they are needed.
+// Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
+// last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
+//
+// Synchronisation (named barriers, 256 = both warpgroups; warpgroup 0 arrives, 1 waits unless
+// noted): kPReady (P and factors of tile t written), kPFree (1 -> 0: warpgroup 1 is done
+// reading P / factors of tile t), kStageFree + s (warpgroup 0 is done with stage s), kWg0
+// (warpgroup 0 only), kEpilogue (both sync: the row sums of a unit are published). Each is
+// used once per tile (or unit) in a fixed direction, so no barrier can collect two arrivals of
+// one side before the other side's wait.
+#pragma once
+
+#include "kernels/cuda/absorbed/sm90_common.cuh"
+#include "kernels/cuda/sm90/tma.cuh"
+
+namespace mla::cuda::absorbed::wg {
+
+namespace ws {
+inline constexpr int kQOff = 0;
+inline constexpr int kKvOff = kTileBytes;
+inline constexpr int kPOff = kKvOff + 2 * kTileBytes;  // bf16 [64 rows][64 keys], swizzled
+inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [64]: rescale factors of tile t
+inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row sum per unit
+inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;   // mbarrier full[2]
+inline constexpr int kSmemBytes = kBarOff + 2 * 8 + 1024;  // + alignment slack
+static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
+
+inline constexpr int kBoxRows = 16;  // TMA box rows (the smallest paged page size)
+inline constexpr int kBoxBytes = kBoxRows * 128;
+inline constexpr int kBoxesPerTile = kBlockN / kBoxRows;
+
+enum Barrier : int { kPReady = 1, kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5, kEpilogue = 6 };
+
+// The producer's position: the next key tile of this CTA to load (tiles of its units in order,
+// units without keys skipped).
+struct Cursor {
+  int ui, end;  // unit, one past the CTA's last unit
+  int t, n;     // tile inside the unit, tiles of the unit
+  int pool_row, kv_begin, kv_end;
+  __device__ bool valid() const { return ui < end; }
+};
+
+__device__ __forceinline__ void cursor_seek(const WorkUnit* units, Cursor& c) {
+  while (c.ui < c.end && c.t >= c.n) {
+    if (++c.ui == c.end) break;
+    const WorkUnit u = units[c.ui];
+    c.t = 0;
+    c.n = key_tiles(u);
+    c.pool_row = u.pool_row;
+    c.kv_begin = u.kv_begin;
+    c.kv_end = u.kv_end;
+  }
+}
+
+// Slots of the cursor's tile this thread loads: TMA, thread tw < 4: the first slot of box tw;
+// cp.async: the slots of rows tw / 8 + 16 j (j < 4). -1 past kv_end.
+__device__ __forceinline__ void fetch_slots(const AbsorbedParams& p, const PlanHeader& h,
+                                            const Cursor& c, bool tma, int tw, int32_t (&sl)[4]) {
+  if (!c.valid()) return;
+  const int key0 = c.kv_begin + c.t * kBlockN;
+  if (tma) {
+    if (tw < kBoxesPerTile) {
+      sl[0] = slot_of(p, c.pool_row, c.kv_end, key0 + kBoxRows * tw, h.page_size);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    sl[j] = slot_of(p, c.pool_row, c.kv_end, key0 + (tw >> 3) + 16 * j, h.page_size);
+  }
+}
+
+// Loads the cursor's tile into the stage at k_tile, completing on the mbarrier `full`.
+__device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor& c, bool tma,
+                                           int tw, const int32_t (&sl)[4], uint32_t k_tile,
+                                           uint32_t full) {
+  const int key0 = c.kv_begin + c.t * kBlockN;
+  if (tma) {
+    const int boxes = min(kBoxesPerTile, (c.kv_end - key0 + kBoxRows - 1) / kBoxRows);
+    if (tw == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(boxes * kBlocks * kBoxBytes));
+    if (tw < boxes) {
+      // A box whose slot lies outside the cache reads as zeros (and still counts its bytes).
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        tma_load_2d(k_tile + b * kBlockBytes + tw * kBoxBytes, p.kv_tmap, 64 * b, sl[0], full);
+      }
+    }
+    return;
+  }
+  const int chunk = tw & 7;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int r = (tw >> 3) + 16 * j;
+    const bool valid = sl[j] >= 0;
+    const uint16_t* src = valid ? p.kv_cache + static_cast<int64_t>(sl[j]) * kDimQk : p.kv_cache;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      cp16(k_tile + b * kBlockBytes + sw128_offset(r, chunk), src + (valid ? 64 * b + 8 * chunk : 0),
+           valid);
+    }
+  }
+  mbar_arrive_cp_async(full);
+}
+
+}  // namespace ws
+
+// Not inlined into the kernel entry: its register allocation stays its own, apart from the
+// mma.sync variants of the same kernel (inlined together they spilled).
+__device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
+  using namespace ws;
+  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
+  const int tid = threadIdx.x;
+  const int wgi = tid >> 7, tw = tid & 127;
+  const int w = tw >> 5, lane = tid & 31;
+  const int r_lo = 16 * w + (lane >> 2), r_hi = r_lo + 8;  // this thread's rows
+  const uint32_t base = smem_u32(smem);
+  const uint32_t q_s = base + kQOff, kv_s = base + kKvOff, p_s = base + kPOff;
+  const uint32_t full0 = base + kBarOff;  // full[s] at full0 + 8 s
+  float* alpha_s = reinterpret_cast<float*>(smem + kAlphaOff);
+  float* inv_s = reinterpret_cast<float*>(smem + kInvOff);
+  const uint64_t desc_k0 = desc_k_sw128(0), desc_mn0 = desc_mn_sw128(0, kBlockBytes);
+  const bool tma = p.kv_tmap_valid != 0 && h.page_size >= kBoxRows;
+
+  const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
+  const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
+  const int u_begin = cta_begin[blockIdx.x], u_end = cta_begin[blockIdx.x + 1];
+
+  if (tid == 0) {
+    mbar_init(full0, tma ? 1 : 128);
+    mbar_init(full0 + 8, tma ? 1 : 128);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // Producer prologue: tiles 0 and 1 of the CTA, then the slots of tile 2.
+  Cursor cur{u_begin, u_end, 0, 0, 0, 0, 0};
+  int32_t sl[4] = {-1, -1, -1, -1};
+  if (wgi == 1) {
+    if (tma && tw == 0) prefetch_tensormap(p.kv_tmap);
+    if (cur.valid()) {
+      const WorkUnit u = units[cur.ui];
+      cur.n = key_tiles(u);
+      cur.pool_row = u.pool_row;
+      cur.kv_begin = u.kv_begin;
+      cur.kv_end = u.kv_end;
+      cursor_seek(units, cur);
+    }
+    for (int i = 0; i < 2 && cur.valid(); ++i) {
+      fetch_slots(p, h, cur, tma, tw, sl);
+      issue_tile(p, cur, tma, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i);
+      ++cur.t;
+      cursor_seek(units, cur);
+    }
+    fetch_slots(p, h, cur, tma, tw, sl);
+  }
+
+  int g = 0;              // tiles of this CTA consumed so far (both warpgroups count alike)
+  int xc = 0;             // row-sum exchanges so far (units with keys)
+  bool pv_pending = false;  // warpgroup 0: P V of the previous tile not yet waited for
+  int q_for = -1;         // warpgroup 0: unit whose Q is loaded or in flight
+  const float ln2 = 0.69314718055994530942f;
+
+  for (int ui = u_begin; ui < u_end; ++ui) {
+    const WorkUnit u = units[ui];
+    const int n_tiles = key_tiles(u);
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int lim[2] = {row_limit(u, h, r_lo), row_limit(u, h, r_hi)};
+    if (wgi == 0 && n_tiles > 0) {
+      if (q_for != ui) {
+        load_q<128>(p, u, q_s, tw);
+        asm volatile("cp.async.commit_group;\n");
+      }
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      fence_proxy_async();
+      bar_sync(kWg0, 128);
+    }
+
+    for (int t = 0; t < n_tiles; ++t, ++g) {
+      const int s = g & 1;
+      const uint32_t parity = (g >> 1) & 1;
+      const uint32_t k_tile = kv_s + s * kTileBytes, full = full0 + 8 * s;
+      const int key0 = u.kv_begin + t * kBlockN;
+      if (wgi == 0) {
+        // The next unit (its Q is fetched once this tile's S is done): read before the wait.
+        WorkUnit nu{};
+        if (t == n_tiles - 1 && ui + 1 < u_end) nu = units[ui + 1];
+        mbar_wait(full, parity);
+        if (tma && u.kv_end - key0 < kBlockN) {
+          // Rows past kv_end hold other slots' rows (or stale data): zero them so 0 * NaN
+          // cannot reach O.
+          const int valid = u.kv_end - key0;
+          for (int c = tw; c < (kBlockN - valid) * 72; c += 128) {
+            const int r = valid + c / 72, ch = c % 72;
+            *reinterpret_cast<uint4*>(smem + kKvOff + s * kTileBytes + (ch >> 3) * kBlockBytes +
+                                      r * 128 + (ch & 7) * 16) = make_uint4(0, 0, 0, 0);
+          }
+          fence_proxy_async();
+          bar_sync(kWg0, 128);
+        }
+        fence_proxy_async();  // cp.async rows (generic proxy) -> wgmma
+
+        // compute_qk: S[64 rows x 64 keys] over 576 dims.
+        float sc[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kDimQk / 16; ++kk) {
+          const uint32_t koff = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          wgmma_ss_bf16<64, 0>(sc, desc_k0 + ((q_s + koff) >> 4), desc_k0 + ((k_tile + koff) >> 4),
+                               kk > 0);
+        }
+        wgmma_commit();
+        if (pv_pending) {  // P V of the previous tile: done -> its stage is free
+          wgmma_wait<1>();
+          fence_regs(o);
+          bar_arrive(kStageFree + (s ^ 1), 256);
+          pv_pending = false;
+        }
+        wgmma_wait<0>();
+        fence_regs(sc);
+        if (t == n_tiles - 1 && nu.kv_end > nu.kv_begin) {  // Q is free: fetch the next unit's
+          load_q<128>(p, nu, q_s, tw);
+          asm volatile("cp.async.commit_group;\n");
+          q_for = ui + 1;
+        }
+
+        // online_softmax: scale, mask, row maxima over the quad (it holds the row's 64 keys).
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int key = key0 + 8 * j + 2 * (lane & 3) + (i & 1);
+            float v = sc[4 * j + i] * p.scale_log2;
+            if (key >= lim[i >> 1]) v = -INFINITY;
+            sc[4 * j + i] = v;
+            tmax[i >> 1] = fmaxf(tmax[i >> 1], v);
+          }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+          tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+          const float m_new = fmaxf(m[i], tmax[i]);
+          m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
+          m[i] = m_new;
+          l[i] *= alpha[i];
+        }
+        // P as the A fragments of m64n256k16 (k-step ks = keys 16 ks .. +16): a[0] / a[1] rows
+        // lo / hi at keys 16 ks + 2 q, a[2] / a[3] the same at + 8 (q = lane % 4).
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float p0 = exp2f(sc[4 * j + 0] - m_use[0]), p1 = exp2f(sc[4 * j + 1] - m_use[0]);
+          const float p2 = exp2f(sc[4 * j + 2] - m_use[1]), p3 = exp2f(sc[4 * j + 3] - m_use[1]);
+          l[0] += p0 + p1;
+          l[1] += p2 + p3;
+          pa[j >> 1][(j & 1) * 2 + 0] = pack2(p0, p1);
+          pa[j >> 1][(j & 1) * 2 + 1] = pack2(p2, p3);
+        }
+        if (g > 0) bar_sync(kPFree, 256);  // warpgroup 1 is done with P / factors of g - 1
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t byte = (lane & 3) * 4;
+          *reinterpret_cast<uint32_t*>(smem + kPOff + sw128_offset(r_lo, j) + byte) =
+              pa[j >> 1][(j & 1) * 2 + 0];
+          *reinterpret_cast<uint32_t*>(smem + kPOff + sw128_offset(r_hi, j) + byte) =
+              pa[j >> 1][(j & 1) * 2 + 1];
+        }
+        if ((lane & 3) == 0) {
+          alpha_s[r_lo] = alpha[0];
+          alpha_s[r_hi] = alpha[1];
+        }
+        fence_proxy_async();  // P stores -> visible to warpgroup 1's wgmma
+        bar_arrive(kPReady, 256);
+
+        // compute_pv: O[:, 0:256] += P . V[:, 0:256], P from registers.
+        rescale_o(o, alpha[0], alpha[1]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          wgmma_rs_bf16<256, 1>(o, pa[ks], desc_mn0 + ((k_tile + ks * 2048) >> 4), true);
+        }
+        wgmma_commit();
+        if (t == n_tiles - 1) {
+          wgmma_wait<0>();
+          fence_regs(o);
+          bar_arrive(kStageFree + s, 256);
+        } else {
+          pv_pending = true;
+        }
+      } else {
+        bar_sync(kPReady, 256);
+        mbar_wait(full, parity);
+        fence_proxy_async();
+        rescale_o(o, alpha_s[r_lo], alpha_s[r_hi]);
+        // compute_pv: O[:, 256:512] += P . V[:, 256:512], P from shared memory.
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          wgmma_ss_bf16<256, 1>(o, desc_k0 + ((p_s + ks * 32) >> 4),
+                                desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(o);
+        bar_arrive(kPFree, 256);
+        bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
+        if (cur.valid()) {
+          issue_tile(p, cur, tma, tw, sl, k_tile, full);
+          ++cur.t;
+          cursor_seek(units, cur);
+          fetch_slots(p, h, cur, tma, tw, sl);
+        }
+      }
+    }
+
+    // write_o: row sums (warpgroup 0 holds them) published through shared memory.
+    float inv[2] = {0.f, 0.f}, lse[2] = {-INFINITY, -INFINITY};
+    if (n_tiles > 0) {
+      float* x = inv_s + (xc & 1) * 64;
+      if (wgi == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+          l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+          inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+          lse[i] = l[i] > 0.f ? (m[i] + log2f(l[i])) * ln2 : -INFINITY;
+        }
+        if ((lane & 3) == 0) {
+          x[r_lo] = inv[0];
+          x[r_hi] = inv[1];
+        }
+      }
+      bar_sync(kEpilogue, 256);
+      if (wgi == 1) {
+        inv[0] = x[r_lo];
+        inv[1] = x[r_hi];
+      }
+      ++xc;
+    }
+    write_o(p, u, o, inv, lse, r_lo, wgi * 256 + 2 * (lane & 3), wgi == 0 && (lane & 3) == 0);
+  }
+  if (wgi == 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+}  // namespace mla::cuda::absorbed::wg
