@@ -35,12 +35,31 @@ int wgmma_mode() {
   return mode;
 }
 
-bool tma_enabled() {
-  static const bool on = [] {
+// TMA gathers for version 3 (A/B, off by default: cp.async measured faster, docs/cuda-notes.md):
+// MLA_ABSORBED_TMA=16 or 64 (box rows), MLA_ABSORBED_TMA_L2=0/64/128/256 (L2 promotion).
+int tma_box_rows() {
+  static const int rows = [] {
     const char* v = std::getenv("MLA_ABSORBED_TMA");
-    return v == nullptr || std::string_view(v) != "0";
+    const std::string_view s(v == nullptr ? "" : v);
+    return s == "16" ? 16 : s == "64" ? 64 : 0;
   }();
-  return on;
+  return rows;
+}
+int tma_l2_bytes() {
+  static const int bytes = [] {
+    const char* v = std::getenv("MLA_ABSORBED_TMA_L2");
+    return v == nullptr ? 256 : std::atoi(v);
+  }();
+  return bytes;
+}
+// Measurement only: MLA_ABSORBED_DIAG=1 skips every key load after a CTA's first two tiles
+// (compute alone), =2 skips the tensor-core work (loads alone). Results are wrong by design.
+int diag_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("MLA_ABSORBED_DIAG");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  return mode;
 }
 
 int grid_ctas() {
@@ -127,13 +146,16 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.scale_log2 = a.sm_scale * 1.4426950408889634f * (fp8 ? a.k_scale : 1.f);
     p.o_scale = fp8 ? a.k_scale : 1.f;
     p.wgmma_tiles = fp8 ? 0 : wgmma_mode();  // the sm90 kernel reads bf16 caches only
-    if (p.wgmma_tiles == 3 && tma_enabled()) {
-      // Boxes of 16 rows (the smallest paged page size) x 64 columns of the [slots, 576] cache.
-      p.kv_tmap_valid = sm90::encode_bf16_tensor_map_sw128(a.kv_cache.data, a.kv_cache.shape[0],
-                                                           576, a.kv_cache.stride[0], 16, 64,
-                                                           p.kv_tmap)
-                            ? 1
-                            : 0;
+    if (p.wgmma_tiles == 3) {
+      p.diag = diag_mode();
+      if (const int rows = tma_box_rows(); rows > 0) {
+        p.kv_tmap_rows = rows;
+        p.kv_tmap_valid = sm90::encode_bf16_tensor_map_sw128(
+                              a.kv_cache.data, a.kv_cache.shape[0], 576, a.kv_cache.stride[0],
+                              rows, 64, tma_l2_bytes(), p.kv_tmap)
+                              ? 1
+                              : 0;
+      }
     }
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     const absorbed::LaunchResult r = absorbed::launch_absorbed(p, ctas, stream);

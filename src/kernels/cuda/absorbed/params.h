@@ -67,11 +67,14 @@ struct AbsorbedParams {
   // to bf16 exactly; k_scale is folded into scale_log2 (logits) and o_scale (o = P @ V).
   const unsigned char* kv_cache_fp8;  // fp8 [num_slots, 576], or null for a bf16 cache
   float o_scale;                      // k_scale for fp8, 1 for bf16
-  // TMA tensor map (CUtensorMap) over kv_cache as bf16 [num_slots, 576], boxes of 16 rows x 64
-  // columns, 128-byte swizzle; read through the kernel parameter (__grid_constant__). Used by
-  // the sm90 version-3 kernel for page sizes >= 16 when kv_tmap_valid (else cp.async).
+  // TMA tensor map (CUtensorMap) over kv_cache as bf16 [num_slots, 576], boxes of kv_tmap_rows
+  // rows x 64 columns, 128-byte swizzle; read through the kernel parameter (__grid_constant__).
+  // Used by the sm90 version-3 kernel for page sizes >= kv_tmap_rows when kv_tmap_valid (else
+  // cp.async).
   alignas(64) unsigned char kv_tmap[128];
   int32_t kv_tmap_valid;
+  int32_t kv_tmap_rows;  // box rows: 16 or 64 (used for page sizes >= kv_tmap_rows)
+  int32_t diag;          // measurement only (MLA_ABSORBED_DIAG): 1 compute-only, 2 loads-only
 };
 
 }  // namespace mla::cuda::absorbed

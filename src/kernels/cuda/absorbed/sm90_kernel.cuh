@@ -29,7 +29,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t a = sm90::smem_u32(sm90_smem);
     unsigned char* aligned = sm90_smem + (((a + 1023u) & ~1023u) - a);
     if constexpr (kVersion == 3) {
-      wg::tile64_ws(p, aligned);
+      if (p.diag == 1) {
+        wg::tile64_ws<1>(p, aligned);
+      } else if (p.diag == 2) {
+        wg::tile64_ws<2>(p, aligned);
+      } else {
+        wg::tile64_ws<0>(p, aligned);
+      }
     } else {
       wg::tile64_v2(p, h, aligned);
     }

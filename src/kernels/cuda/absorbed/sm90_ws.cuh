@@ -39,9 +39,6 @@ inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;   // mbarrier full[2]
 inline constexpr int kSmemBytes = kBarOff + 2 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
 
-inline constexpr int kBoxRows = 16;  // TMA box rows (the smallest paged page size)
-inline constexpr int kBoxBytes = kBoxRows * 128;
-inline constexpr int kBoxesPerTile = kBlockN / kBoxRows;
 
 enum Barrier : int { kPReady = 1, kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5, kEpilogue = 6 };
 
@@ -66,15 +63,16 @@ __device__ __forceinline__ void cursor_seek(const WorkUnit* units, Cursor& c) {
   }
 }
 
-// Slots of the cursor's tile this thread loads: TMA, thread tw < 4: the first slot of box tw;
-// cp.async: the slots of rows tw / 8 + 16 j (j < 4). -1 past kv_end.
+// Slots of the cursor's tile this thread loads: TMA (box_rows > 0), thread tw < 64 / box_rows:
+// the first slot of box tw; cp.async: the slots of rows tw / 8 + 16 j (j < 4). -1 past kv_end.
 __device__ __forceinline__ void fetch_slots(const AbsorbedParams& p, const PlanHeader& h,
-                                            const Cursor& c, bool tma, int tw, int32_t (&sl)[4]) {
+                                            const Cursor& c, int box_rows, int tw,
+                                            int32_t (&sl)[4]) {
   if (!c.valid()) return;
   const int key0 = c.kv_begin + c.t * kBlockN;
-  if (tma) {
-    if (tw < kBoxesPerTile) {
-      sl[0] = slot_of(p, c.pool_row, c.kv_end, key0 + kBoxRows * tw, h.page_size);
+  if (box_rows > 0) {
+    if (tw * box_rows < kBlockN) {
+      sl[0] = slot_of(p, c.pool_row, c.kv_end, key0 + box_rows * tw, h.page_size);
     }
     return;
   }
@@ -85,20 +83,27 @@ __device__ __forceinline__ void fetch_slots(const AbsorbedParams& p, const PlanH
 }
 
 // Loads the cursor's tile into the stage at k_tile, completing on the mbarrier `full`.
-__device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor& c, bool tma,
+// skip (measurement only): arrive without loading.
+__device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor& c, int box_rows,
                                            int tw, const int32_t (&sl)[4], uint32_t k_tile,
-                                           uint32_t full) {
+                                           uint32_t full, bool skip) {
   const int key0 = c.kv_begin + c.t * kBlockN;
-  if (tma) {
-    const int boxes = min(kBoxesPerTile, (c.kv_end - key0 + kBoxRows - 1) / kBoxRows);
-    if (tw == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(boxes * kBlocks * kBoxBytes));
+  if (box_rows > 0) {
+    const int boxes = skip ? 0
+                           : min(kBlockN / box_rows, (c.kv_end - key0 + box_rows - 1) / box_rows);
+    const int box_bytes = box_rows * 128;
+    if (tw == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(boxes * kBlocks * box_bytes));
     if (tw < boxes) {
       // A box whose slot lies outside the cache reads as zeros (and still counts its bytes).
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
-        tma_load_2d(k_tile + b * kBlockBytes + tw * kBoxBytes, p.kv_tmap, 64 * b, sl[0], full);
+        tma_load_2d(k_tile + b * kBlockBytes + tw * box_bytes, p.kv_tmap, 64 * b, sl[0], full);
       }
     }
+    return;
+  }
+  if (skip) {
+    mbar_arrive_cp_async(full);
     return;
   }
   const int chunk = tw & 7;
@@ -120,6 +125,9 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
 
 // Not inlined into the kernel entry: its register allocation stays its own, apart from the
 // mma.sync variants of the same kernel (inlined together they spilled).
+// kDiag (measurement only, MLA_ABSORBED_DIAG): 1 loads only a CTA's first two tiles (compute
+// alone), 2 skips the wgmmas (loads alone); both produce wrong results.
+template <int kDiag>
 __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
   using namespace ws;
   const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
@@ -133,7 +141,9 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
   float* alpha_s = reinterpret_cast<float*>(smem + kAlphaOff);
   float* inv_s = reinterpret_cast<float*>(smem + kInvOff);
   const uint64_t desc_k0 = desc_k_sw128(0), desc_mn0 = desc_mn_sw128(0, kBlockBytes);
-  const bool tma = p.kv_tmap_valid != 0 && h.page_size >= kBoxRows;
+  const int box_rows =
+      p.kv_tmap_valid != 0 && h.page_size >= p.kv_tmap_rows ? p.kv_tmap_rows : 0;  // 0: cp.async
+  const bool tma = box_rows > 0;
 
   const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
   const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
@@ -160,12 +170,12 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
       cursor_seek(units, cur);
     }
     for (int i = 0; i < 2 && cur.valid(); ++i) {
-      fetch_slots(p, h, cur, tma, tw, sl);
-      issue_tile(p, cur, tma, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i);
+      fetch_slots(p, h, cur, box_rows, tw, sl);
+      issue_tile(p, cur, box_rows, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i, false);
       ++cur.t;
       cursor_seek(units, cur);
     }
-    fetch_slots(p, h, cur, tma, tw, sl);
+    fetch_slots(p, h, cur, box_rows, tw, sl);
   }
 
   int g = 0;              // tiles of this CTA consumed so far (both warpgroups count alike)
@@ -201,6 +211,15 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
         // The next unit (its Q is fetched once this tile's S is done): read before the wait.
         WorkUnit nu{};
         if (t == n_tiles - 1 && ui + 1 < u_end) nu = units[ui + 1];
+        // Tile g not here yet: finish P V of g - 1 first, so its stage is freed (and tile g + 1
+        // issued into it) without waiting for tile g to land. Otherwise S of g goes first and
+        // runs under that P V.
+        if (pv_pending && !mbar_test(full, parity)) {
+          wgmma_wait<0>();
+          fence_regs(o);
+          bar_arrive(kStageFree + (s ^ 1), 256);
+          pv_pending = false;
+        }
         mbar_wait(full, parity);
         if (tma && u.kv_end - key0 < kBlockN) {
           // Rows past kv_end hold other slots' rows (or stale data): zero them so 0 * NaN
@@ -219,11 +238,16 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
         // compute_qk: S[64 rows x 64 keys] over 576 dims.
         float sc[32];
         wgmma_fence();
+        if constexpr (kDiag != 2) {
 #pragma unroll
-        for (int kk = 0; kk < kDimQk / 16; ++kk) {
-          const uint32_t koff = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          wgmma_ss_bf16<64, 0>(sc, desc_k0 + ((q_s + koff) >> 4), desc_k0 + ((k_tile + koff) >> 4),
-                               kk > 0);
+          for (int kk = 0; kk < kDimQk / 16; ++kk) {
+            const uint32_t koff = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+            wgmma_ss_bf16<64, 0>(sc, desc_k0 + ((q_s + koff) >> 4),
+                                 desc_k0 + ((k_tile + koff) >> 4), kk > 0);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) sc[i] = 0.f;
         }
         wgmma_commit();
         if (pv_pending) {  // P V of the previous tile: done -> its stage is free
@@ -294,9 +318,11 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
         // compute_pv: O[:, 0:256] += P . V[:, 0:256], P from registers.
         rescale_o(o, alpha[0], alpha[1]);
         wgmma_fence();
+        if constexpr (kDiag != 2) {
 #pragma unroll
-        for (int ks = 0; ks < kBlockN / 16; ++ks) {
-          wgmma_rs_bf16<256, 1>(o, pa[ks], desc_mn0 + ((k_tile + ks * 2048) >> 4), true);
+          for (int ks = 0; ks < kBlockN / 16; ++ks) {
+            wgmma_rs_bf16<256, 1>(o, pa[ks], desc_mn0 + ((k_tile + ks * 2048) >> 4), true);
+          }
         }
         wgmma_commit();
         if (t == n_tiles - 1) {
@@ -313,10 +339,12 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
         rescale_o(o, alpha_s[r_lo], alpha_s[r_hi]);
         // compute_pv: O[:, 256:512] += P . V[:, 256:512], P from shared memory.
         wgmma_fence();
+        if constexpr (kDiag != 2) {
 #pragma unroll
-        for (int ks = 0; ks < kBlockN / 16; ++ks) {
-          wgmma_ss_bf16<256, 1>(o, desc_k0 + ((p_s + ks * 32) >> 4),
-                                desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
+          for (int ks = 0; ks < kBlockN / 16; ++ks) {
+            wgmma_ss_bf16<256, 1>(o, desc_k0 + ((p_s + ks * 32) >> 4),
+                                  desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
+          }
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -324,10 +352,10 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
         bar_arrive(kPFree, 256);
         bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
         if (cur.valid()) {
-          issue_tile(p, cur, tma, tw, sl, k_tile, full);
+          issue_tile(p, cur, box_rows, tw, sl, k_tile, full, kDiag == 1);
           ++cur.t;
           cursor_seek(units, cur);
-          fetch_slots(p, h, cur, tma, tw, sl);
+          fetch_slots(p, h, cur, box_rows, tw, sl);
         }
       }
     }

@@ -29,7 +29,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 bool encode_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
                                   int64_t row_stride_elems, int box_rows, int box_cols,
-                                  void* out) {
+                                  int l2_promotion_bytes, void* out) {
   const auto fn = encode_fn();
   if (fn == nullptr || base == nullptr || rows <= 0 || cols <= 0 || box_cols * 2 > 128 ||
       (reinterpret_cast<std::uintptr_t>(base) % 16) != 0 ||
@@ -40,10 +40,14 @@ bool encode_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride_elems) * 2};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
+  const CUtensorMapL2promotion l2 = l2_promotion_bytes >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                    : l2_promotion_bytes >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                    : l2_promotion_bytes >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                                                : CU_TENSOR_MAP_L2_PROMOTION_NONE;
   const CUresult r =
       fn(static_cast<CUtensorMap*>(out), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
          const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+         CU_TENSOR_MAP_SWIZZLE_128B, l2,
          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }

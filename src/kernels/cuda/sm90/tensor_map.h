@@ -12,8 +12,9 @@ inline constexpr int kTensorMapBytes = 128;  // sizeof(CUtensorMap); 64-byte ali
 // [box_rows x box_cols] with the 128-byte swizzle (box_cols * 2 <= 128), zeros outside.
 // Writes kTensorMapBytes bytes to out (64-byte aligned). False when the driver has no entry
 // point or rejects the shape (the caller falls back to another load path).
+// l2_promotion_bytes: 0, 64, 128 or 256 (the L2 fill granularity of the copies).
 bool encode_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
                                   int64_t row_stride_elems, int box_rows, int box_cols,
-                                  void* out);
+                                  int l2_promotion_bytes, void* out);
 
 }  // namespace mla::cuda::sm90
