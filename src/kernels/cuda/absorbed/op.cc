@@ -35,13 +35,15 @@ int wgmma_mode() {
   return mode;
 }
 
-// TMA gathers for version 3 (A/B, off by default: cp.async measured faster, docs/cuda-notes.md):
-// MLA_ABSORBED_TMA=16 or 64 (box rows), MLA_ABSORBED_TMA_L2=0/64/128/256 (L2 promotion).
+// Version 3 gathers pages of 64 and 128 by TMA in boxes of 64 key rows and smaller pages by
+// cp.async (measured on the H200: TMA-64 beat cp.async at page 64, TMA boxes of 16 rows lost to
+// it; docs/cuda-notes.md). A/B: MLA_ABSORBED_TMA=0 (cp.async everywhere) or 16 (boxes of 16
+// rows, pages >= 16); MLA_ABSORBED_TMA_L2=0/64/128/256 (the copies' L2 promotion, default 256).
 int tma_box_rows() {
   static const int rows = [] {
     const char* v = std::getenv("MLA_ABSORBED_TMA");
-    const std::string_view s(v == nullptr ? "" : v);
-    return s == "16" ? 16 : s == "64" ? 64 : 0;
+    const std::string_view s(v == nullptr ? "64" : v);
+    return s == "16" ? 16 : s == "0" ? 0 : 64;
   }();
   return rows;
 }
