@@ -17,7 +17,8 @@ def main():
     path = sys.argv[1]
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 40
     with open(path, newline="") as f:
-        lines = [l for l in f if l.strip() and not l.startswith("==")]
+        lines = [l for l in f if l.strip() and not l.startswith("==")
+                 and not l.startswith('"Kernel Name"')]
     rows = list(csv.DictReader(lines))
     if not rows:
         print("no rows in", path)

@@ -31,11 +31,22 @@ LaunchResult launch_attention(const AbsorbedParams& params, int num_ctas, cudaSt
   }
   switch (params.wgmma_tiles) {
     case 3:
-      return launch_one<absorbed_attention_sm90_kernel<3>, kSm90SmemBytes<3>>(
-          "launch of absorbed_attention_sm90_kernel<3>", params, num_ctas, stream);
+      if (params.num_heads >= kMaxRows) {  // every plan has 64-row tiles
+        if (params.diag == 1) {
+          return launch_one<absorbed_attention_sm90_ws_kernel<1>, kSm90WsSmemBytes>(
+              "launch of absorbed_attention_sm90_ws_kernel<1>", params, num_ctas, stream);
+        }
+        if (params.diag == 2) {
+          return launch_one<absorbed_attention_sm90_ws_kernel<2>, kSm90WsSmemBytes>(
+              "launch of absorbed_attention_sm90_ws_kernel<2>", params, num_ctas, stream);
+        }
+        return launch_one<absorbed_attention_sm90_ws_kernel<0>, kSm90WsSmemBytes>(
+            "launch of absorbed_attention_sm90_ws_kernel<0>", params, num_ctas, stream);
+      }
+      [[fallthrough]];
     case 2:
-      return launch_one<absorbed_attention_sm90_kernel<2>, kSm90SmemBytes<2>>(
-          "launch of absorbed_attention_sm90_kernel<2>", params, num_ctas, stream);
+      return launch_one<absorbed_attention_sm90_kernel, kSm90SmemBytes>(
+          "launch of absorbed_attention_sm90_kernel", params, num_ctas, stream);
     default:
       return launch_one<absorbed_attention_kernel, kSmemBytes>(
           "launch of absorbed_attention_kernel", params, num_ctas, stream);

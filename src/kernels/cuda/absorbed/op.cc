@@ -147,7 +147,8 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.plan = static_cast<const unsigned char*>(a.plan);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f * (fp8 ? a.k_scale : 1.f);
     p.o_scale = fp8 ? a.k_scale : 1.f;
-    p.wgmma_tiles = fp8 ? 0 : wgmma_mode();  // the sm90 kernel reads bf16 caches only
+    p.wgmma_tiles = fp8 ? 0 : wgmma_mode();  // the sm90 kernels read bf16 caches only
+    p.num_heads = static_cast<int32_t>(heads);
     if (p.wgmma_tiles == 3) {
       p.diag = diag_mode();
       if (const int rows = tma_box_rows(); rows > 0) {

@@ -63,6 +63,7 @@ struct AbsorbedParams {
   const unsigned char* plan;     // device copy of the plan bytes
   float scale_log2;              // sm_scale * log2(e) (* k_scale for fp8): base-2 logits
   int32_t wgmma_tiles;           // 0: mma.sync kernel; 3 / 2: sm90 kernel version 3 / 2 (bf16)
+  int32_t num_heads;             // H (picks the kernel: version 3 needs H >= 64)
   // fp8 e4m3 cache (kv_cache unused): rows of 576 bytes. The kernel converts the stored values
   // to bf16 exactly; k_scale is folded into scale_log2 (logits) and o_scale (o = P @ V).
   const unsigned char* kv_cache_fp8;  // fp8 [num_slots, 576], or null for a bf16 cache

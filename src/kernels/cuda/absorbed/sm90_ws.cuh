@@ -123,16 +123,19 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
 
 }  // namespace ws
 
-// Not inlined into the kernel entry: its register allocation stays its own, apart from the
-// mma.sync variants of the same kernel (inlined together they spilled).
+// Inlined into its own kernel (absorbed_attention_sm90_ws_kernel): a wgmma pipeline must not
+// cross a function call (ptxas C7510 serialises every wgmma then), and sharing a kernel with the
+// mma.sync variants spilled.
 // kDiag (measurement only, MLA_ABSORBED_DIAG): 1 loads only a CTA's first two tiles (compute
 // alone), 2 skips the wgmmas (loads alone); both produce wrong results.
 template <int kDiag>
-__device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
+__device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
   using namespace ws;
   const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
   const int tid = threadIdx.x;
-  const int wgi = tid >> 7, tw = tid & 127;
+  // Broadcast from lane 0 so the compiler sees a warp-uniform role: a wgmma in a path it
+  // cannot prove uniform is serialised (ptxas C7518).
+  const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0), tw = tid & 127;
   const int w = tw >> 5, lane = tid & 31;
   const int r_lo = 16 * w + (lane >> 2), r_hi = r_lo + 8;  // this thread's rows
   const uint32_t base = smem_u32(smem);
@@ -180,7 +183,6 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
 
   int g = 0;              // tiles of this CTA consumed so far (both warpgroups count alike)
   int xc = 0;             // row-sum exchanges so far (units with keys)
-  bool pv_pending = false;  // warpgroup 0: P V of the previous tile not yet waited for
   int q_for = -1;         // warpgroup 0: unit whose Q is loaded or in flight
   const float ln2 = 0.69314718055994530942f;
 
@@ -211,15 +213,13 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
         // The next unit (its Q is fetched once this tile's S is done): read before the wait.
         WorkUnit nu{};
         if (t == n_tiles - 1 && ui + 1 < u_end) nu = units[ui + 1];
-        // Tile g not here yet: finish P V of g - 1 first, so its stage is freed (and tile g + 1
-        // issued into it) without waiting for tile g to land. Otherwise S of g goes first and
-        // runs under that P V.
-        if (pv_pending && !mbar_test(full, parity)) {
-          wgmma_wait<0>();
-          fence_regs(o);
-          bar_arrive(kStageFree + (s ^ 1), 256);
-          pv_pending = false;
-        }
+        // P V of tile g - 1 done -> its stage is free (tile g + 1 is issued into it) before this
+        // warpgroup waits for tile g to land, so consecutive loads never chain on each other.
+        // Unconditional (a no-op at a unit's first tile): ptxas serialises every wgmma of a
+        // kernel that waits for them on a path it cannot prove uniform (C7518).
+        wgmma_wait<0>();
+        fence_regs(o);
+        if (t > 0) bar_arrive(kStageFree + (s ^ 1), 256);
         mbar_wait(full, parity);
         if (tma && u.kv_end - key0 < kBlockN) {
           // Rows past kv_end hold other slots' rows (or stale data): zero them so 0 * NaN
@@ -250,12 +250,6 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
           for (int i = 0; i < 32; ++i) sc[i] = 0.f;
         }
         wgmma_commit();
-        if (pv_pending) {  // P V of the previous tile: done -> its stage is free
-          wgmma_wait<1>();
-          fence_regs(o);
-          bar_arrive(kStageFree + (s ^ 1), 256);
-          pv_pending = false;
-        }
         wgmma_wait<0>();
         fence_regs(sc);
         if (t == n_tiles - 1 && nu.kv_end > nu.kv_begin) {  // Q is free: fetch the next unit's
@@ -325,13 +319,6 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
           }
         }
         wgmma_commit();
-        if (t == n_tiles - 1) {
-          wgmma_wait<0>();
-          fence_regs(o);
-          bar_arrive(kStageFree + s, 256);
-        } else {
-          pv_pending = true;
-        }
       } else {
         bar_sync(kPReady, 256);
         mbar_wait(full, parity);
@@ -358,6 +345,12 @@ __device__ __noinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* s
           fetch_slots(p, h, cur, box_rows, tw, sl);
         }
       }
+    }
+
+    if (wgi == 0 && n_tiles > 0) {  // the unit's last P V: done -> its stage is free
+      wgmma_wait<0>();
+      fence_regs(o);
+      bar_arrive(kStageFree + ((g - 1) & 1), 256);
     }
 
     // write_o: row sums (warpgroup 0 holds them) published through shared memory.
