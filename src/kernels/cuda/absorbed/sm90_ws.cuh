@@ -6,25 +6,22 @@
 //   warpgroup 0 (threads 0-127): S = Q K^T for all 64 keys (m64n64k16 SS x 36), online softmax
 //     (row maxima inside a quad of threads, no exchange), P (bf16) to shared memory with the
 //     rows' rescale factors, then O[:, 0:256] += P V[:, 0:256] with P from registers
-//     (m64n256k16 RS x 4), waited for before it waits for tile t + 1 (so stage s is freed and
-//     tile t + 2 issued without waiting for tile t + 1 to land).
+//     (m64n256k16 RS x 4). Its P V of tile t stays in flight while it issues S of tile t + 1.
 //   warpgroup 1 (threads 128-255): O[:, 256:512] += P V[:, 256:512] (m64n256k16 SS x 4, P from
 //     shared memory), then, once both warpgroups are done with stage s, loads tile t + 2 into it:
-//     pages of >= kv_tmap_rows keys (64 by default) by TMA (9 boxes of 64 key rows x 64 columns
-//     per tile, the 128-byte swizzle applied by the copy engine; a tile's rows past kv_end are
-//     zeroed by warpgroup 0 after the copy), smaller pages by 16-byte cp.async of all 128
-//     threads (zero fill past kv_end); both complete on the stage's mbarrier. Slots are looked
-//     up one tile before they are needed.
+//     page size >= 16 by TMA (boxes of 16 key rows x 64 columns, 36 per tile, 128-byte swizzle
+//     applied by the copy engine; a tile's rows past kv_end are zeroed by warpgroup 0 after the
+//     copy), page size 1 by 16-byte cp.async of all 128 threads (zero fill past kv_end), both
+//     completing on the stage's mbarrier. Slots are looked up one tile before they are needed.
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
-// Synchronisation (named barriers, 256 = both warpgroups): kPReady (both sync: P and the rescale
-// factors of tile t are written; the factors are double-buffered by t % 2, so the full barrier
-// of tile t + 1 also orders warpgroup 1's read of t before warpgroup 0's write of t + 2), kPFree
-// (1 arrives, 0 waits: warpgroup 1's wgmma is done reading P of tile t), kStageFree + s (0
-// arrives, 1 waits: warpgroup 0 is done with stage s), kWg0 (warpgroup 0 only), kEpilogue (both
-// sync: the row sums of a unit). Each is used once per tile (or unit) in a fixed direction, so
-// no barrier can collect two arrivals of one side before the other side's wait.
+// Synchronisation (named barriers, 256 = both warpgroups; warpgroup 0 arrives, 1 waits unless
+// noted): kPReady (P and factors of tile t written), kPFree (1 -> 0: warpgroup 1 is done
+// reading P / factors of tile t), kStageFree + s (warpgroup 0 is done with stage s), kWg0
+// (warpgroup 0 only), kEpilogue (both sync: the row sums of a unit are published). Each is
+// used once per tile (or unit) in a fixed direction, so no barrier can collect two arrivals of
+// one side before the other side's wait.
 #pragma once
 
 #include "kernels/cuda/absorbed/sm90_common.cuh"
@@ -36,8 +33,8 @@ namespace ws {
 inline constexpr int kQOff = 0;
 inline constexpr int kKvOff = kTileBytes;
 inline constexpr int kPOff = kKvOff + 2 * kTileBytes;  // bf16 [64 rows][64 keys], swizzled
-inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [2][64]: rescale factors, by t % 2
-inline constexpr int kInvOff = kAlphaOff + 2 * 64 * 4; // float [2][64]: 1 / row sum per unit
+inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [64]: rescale factors of tile t
+inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row sum per unit
 inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;   // mbarrier full[2]
 inline constexpr int kSmemBytes = kBarOff + 2 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
@@ -306,11 +303,11 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
               pa[j >> 1][(j & 1) * 2 + 1];
         }
         if ((lane & 3) == 0) {
-          alpha_s[(g & 1) * 64 + r_lo] = alpha[0];
-          alpha_s[(g & 1) * 64 + r_hi] = alpha[1];
+          alpha_s[r_lo] = alpha[0];
+          alpha_s[r_hi] = alpha[1];
         }
         fence_proxy_async();  // P stores -> visible to warpgroup 1's wgmma
-        bar_sync(kPReady, 256);
+        bar_arrive(kPReady, 256);
 
         // compute_pv: O[:, 0:256] += P . V[:, 0:256], P from registers.
         rescale_o(o, alpha[0], alpha[1]);
@@ -326,7 +323,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         bar_sync(kPReady, 256);
         mbar_wait(full, parity);
         fence_proxy_async();
-        rescale_o(o, alpha_s[(g & 1) * 64 + r_lo], alpha_s[(g & 1) * 64 + r_hi]);
+        rescale_o(o, alpha_s[r_lo], alpha_s[r_hi]);
         // compute_pv: O[:, 256:512] += P . V[:, 256:512], P from shared memory.
         wgmma_fence();
         if constexpr (kDiag != 2) {
