@@ -16,8 +16,9 @@
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
-// Synchronisation (named barriers, 256 = both warpgroups; warpgroup 0 arrives, 1 waits unless
-// noted): kPReady (P and factors of tile t written), kPFree (1 -> 0: warpgroup 1 is done
+// Synchronisation: the mbarrier p_ready (warpgroup 0's 128 threads arrive once P and the rescale
+// factors of tile t are written, warpgroup 1 waits on phase t % 2); named barriers (256 = both
+// warpgroups; warpgroup 0 arrives, 1 waits unless noted): kPFree (1 -> 0: warpgroup 1 is done
 // reading P / factors of tile t), kStageFree + s (warpgroup 0 is done with stage s), kWg0
 // (warpgroup 0 only), kEpilogue (both sync: the row sums of a unit are published). Each is
 // used once per tile (or unit) in a fixed direction, so no barrier can collect two arrivals of
@@ -35,12 +36,12 @@ inline constexpr int kKvOff = kTileBytes;
 inline constexpr int kPOff = kKvOff + 2 * kTileBytes;  // bf16 [64 rows][64 keys], swizzled
 inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [64]: rescale factors of tile t
 inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row sum per unit
-inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;   // mbarrier full[2]
-inline constexpr int kSmemBytes = kBarOff + 2 * 8 + 1024;  // + alignment slack
+inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;   // mbarrier full[2], p_ready
+inline constexpr int kSmemBytes = kBarOff + 3 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
 
 
-enum Barrier : int { kPReady = 1, kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5, kEpilogue = 6 };
+enum Barrier : int { kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5, kEpilogue = 6 };
 
 // The producer's position: the next key tile of this CTA to load (tiles of its units in order,
 // units without keys skipped).
@@ -141,6 +142,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
   const uint32_t base = smem_u32(smem);
   const uint32_t q_s = base + kQOff, kv_s = base + kKvOff, p_s = base + kPOff;
   const uint32_t full0 = base + kBarOff;  // full[s] at full0 + 8 s
+  const uint32_t p_ready = full0 + 16;
   float* alpha_s = reinterpret_cast<float*>(smem + kAlphaOff);
   float* inv_s = reinterpret_cast<float*>(smem + kInvOff);
   const uint64_t desc_k0 = desc_k_sw128(0), desc_mn0 = desc_mn_sw128(0, kBlockBytes);
@@ -155,6 +157,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
   if (tid == 0) {
     mbar_init(full0, tma ? 1 : 128);
     mbar_init(full0 + 8, tma ? 1 : 128);
+    mbar_init(p_ready, 128);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -307,7 +310,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
           alpha_s[r_hi] = alpha[1];
         }
         fence_proxy_async();  // P stores -> visible to warpgroup 1's wgmma
-        bar_arrive(kPReady, 256);
+        mbar_arrive(p_ready);
 
         // compute_pv: O[:, 0:256] += P . V[:, 0:256], P from registers.
         rescale_o(o, alpha[0], alpha[1]);
@@ -320,7 +323,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         }
         wgmma_commit();
       } else {
-        bar_sync(kPReady, 256);
+        mbar_wait(p_ready, g & 1);
         mbar_wait(full, parity);
         fence_proxy_async();
         rescale_o(o, alpha_s[r_lo], alpha_s[r_hi]);

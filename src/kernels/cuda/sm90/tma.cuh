@@ -33,6 +33,12 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
                : "memory");
 }
 
+// One arrival (release: this thread's earlier writes are visible to a thread whose wait sees
+// the phase complete).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Arrives on `bar` once every cp.async this thread issued so far has landed (the arrival is
 // counted in the barrier's initial count: .noinc).
 __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
