@@ -21,8 +21,10 @@
 // warpgroups; warpgroup 0 arrives, 1 waits unless noted): kPFree (1 -> 0: warpgroup 1 is done
 // reading P / factors of tile t), kStageFree + s (warpgroup 0 is done with stage s), kWg0
 // (warpgroup 0 only). Each is used once per tile in a fixed direction, so no barrier can collect
-// two arrivals of one side before the other side's wait. The row sums of a unit are published
-// through __syncthreads (compute-sanitizer racecheck does not see named barriers).
+// two arrivals of one side before the other side's wait. The row sums of a unit go through the
+// mbarriers sums_ready (0 -> 1) and sums_free (1 -> 0: read; 0 waits for it before the next
+// unit's sums, so neither barrier can run two phases ahead of its waiter). compute-sanitizer racecheck models
+// the mbarrier hand-offs; across named barriers and even __syncthreads it reported hazards here.
 #pragma once
 
 #include "kernels/cuda/absorbed/sm90_common.cuh"
@@ -36,8 +38,9 @@ inline constexpr int kKvOff = kTileBytes;
 inline constexpr int kPOff = kKvOff + 2 * kTileBytes;  // bf16 [64 rows][64 keys], swizzled
 inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [64]: rescale factors of tile t
 inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row sum per unit
-inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;   // mbarrier full[2], p_ready
-inline constexpr int kSmemBytes = kBarOff + 3 * 8 + 1024;  // + alignment slack
+// mbarriers full[2], p_ready, sums_ready, sums_free
+inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;
+inline constexpr int kSmemBytes = kBarOff + 5 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
 
 
@@ -142,7 +145,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
   const uint32_t base = smem_u32(smem);
   const uint32_t q_s = base + kQOff, kv_s = base + kKvOff, p_s = base + kPOff;
   const uint32_t full0 = base + kBarOff;  // full[s] at full0 + 8 s
-  const uint32_t p_ready = full0 + 16;
+  const uint32_t p_ready = full0 + 16, sums_ready = full0 + 24, sums_free = full0 + 32;
   float* alpha_s = reinterpret_cast<float*>(smem + kAlphaOff);
   float* inv_s = reinterpret_cast<float*>(smem + kInvOff);
   const uint64_t desc_k0 = desc_k_sw128(0), desc_mn0 = desc_mn_sw128(0, kBlockBytes);
@@ -158,6 +161,8 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     mbar_init(full0, tma ? 1 : 128);
     mbar_init(full0 + 8, tma ? 1 : 128);
     mbar_init(p_ready, 128);
+    mbar_init(sums_ready, 128);
+    mbar_init(sums_free, 128);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -368,15 +373,17 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
           inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
           lse[i] = l[i] > 0.f ? (m[i] + log2f(l[i])) * ln2 : -INFINITY;
         }
+        if (xc > 0) mbar_wait(sums_free, (xc - 1) & 1);  // the previous unit's sums were read
         if ((lane & 3) == 0) {
           x[r_lo] = inv[0];
           x[r_hi] = inv[1];
         }
-      }
-      __syncthreads();
-      if (wgi == 1) {
+        mbar_arrive(sums_ready);
+      } else {
+        mbar_wait(sums_ready, xc & 1);
         inv[0] = x[r_lo];
         inv[1] = x[r_hi];
+        mbar_arrive(sums_free);
       }
       ++xc;
     }
