@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/softmax.cuh"
 #include "kernels/cuda/absorbed/traits.h"
 
 namespace mla::cuda::absorbed {
@@ -449,25 +450,15 @@ __device__ void attention_variant(const AbsorbedParams& p, const PlanHeader& h,
         }
       }
       float alpha[2], m_use[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float m_new = fmaxf(m[i], tmax[i]);
-        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
-        m[i] = m_new;
-        l[i] *= alpha[i];
-      }
+      softmax_rescale(m, l, tmax, alpha, m_use);
       // probabilities -> bf16 P tile
 #pragma unroll
       for (int n = 0; n < kNt; ++n) {
-        const float p0 = exp2f(s[n][0] - m_use[0]), p1 = exp2f(s[n][1] - m_use[0]);
-        const float p2 = exp2f(s[n][2] - m_use[1]), p3 = exp2f(s[n][3] - m_use[1]);
-        l[0] += p0 + p1;
-        l[1] += p2 + p3;
+        const float4 pr = softmax_probs(s[n][0], s[n][1], s[n][2], s[n][3], m_use, l);
         const int key = key0 + n * 8 + (lane & 3) * 2;  // within the tile
         const int chunk = key / 8, byte = (key % 8) * 2;
-        *reinterpret_cast<uint32_t*>(p_s + p_offset(r_lo, chunk) + byte) = pack_bf16(p0, p1);
-        *reinterpret_cast<uint32_t*>(p_s + p_offset(r_hi, chunk) + byte) = pack_bf16(p2, p3);
+        *reinterpret_cast<uint32_t*>(p_s + p_offset(r_lo, chunk) + byte) = pack_bf16(pr.x, pr.y);
+        *reinterpret_cast<uint32_t*>(p_s + p_offset(r_hi, chunk) + byte) = pack_bf16(pr.z, pr.w);
       }
 #pragma unroll
       for (int n = 0; n < kNo; ++n) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/softmax.cuh"
 #include "kernels/cuda/absorbed/traits.h"
 #include "kernels/cuda/sm90/wgmma.cuh"
 
@@ -102,6 +103,31 @@ __device__ __forceinline__ void write_o(const AbsorbedParams& p, const WorkUnit&
       }
       if (lse_writer) p.partial_lse[prow] = lse[i];
     }
+  }
+}
+
+// Scales one thread's logits of a wgmma accumulator (kJ column groups of 8 keys; s[4 j + i]: row
+// lo / hi for i / 2, key key0 + 8 j + 2 (lane % 4) + i % 2) to the base-2 domain, masks keys at
+// or past each row's limit, and returns the two rows' maxima over the quad of threads.
+template <int kJ>
+__device__ __forceinline__ void scale_mask_max(float (&s)[4 * kJ], int key0, int lane,
+                                               const int (&lim)[2], float scale,
+                                               float (&tmax)[2]) {
+  tmax[0] = tmax[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = key0 + 8 * j + 2 * (lane & 3) + (i & 1);
+      float v = s[4 * j + i] * scale;
+      if (key >= lim[i >> 1]) v = -INFINITY;
+      s[4 * j + i] = v;
+      tmax[i >> 1] = fmaxf(tmax[i >> 1], v);
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+    tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
   }
 }
 

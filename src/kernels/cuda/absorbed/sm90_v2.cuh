@@ -111,22 +111,8 @@ __device__ void tile64_v2(const AbsorbedParams& p, const PlanHeader& h, unsigned
       fence_regs(s);
 
       // online_softmax: scale, causal / range mask, row maxima over both warpgroups.
-      float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = tile_start + wgi * 32 + 8 * j + 2 * (lane & 3) + (i & 1);
-          float v = s[4 * j + i] * p.scale_log2;
-          if (key >= lim[i >> 1]) v = -INFINITY;
-          s[4 * j + i] = v;
-          tmax[i >> 1] = fmaxf(tmax[i >> 1], v);
-        }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-        tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-      }
+      float tmax[2];
+      scale_mask_max<4>(s, tile_start + wgi * 32, lane, lim, p.scale_log2, tmax);
       if ((lane & 3) == 0) {
         red[wgi * 64 + r_lo] = tmax[0];
         red[wgi * 64 + r_hi] = tmax[1];
@@ -135,27 +121,18 @@ __device__ void tile64_v2(const AbsorbedParams& p, const PlanHeader& h, unsigned
       tmax[0] = fmaxf(tmax[0], red[(wgi ^ 1) * 64 + r_lo]);
       tmax[1] = fmaxf(tmax[1], red[(wgi ^ 1) * 64 + r_hi]);
       float alpha[2], m_use[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float m_new = fmaxf(m[i], tmax[i]);
-        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
-        m[i] = m_new;
-        l[i] *= alpha[i];
-      }
+      softmax_rescale(m, l, tmax, alpha, m_use);
       // P (bf16) columns [32 w, +32) of the shared tile.
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float p0 = exp2f(s[4 * j + 0] - m_use[0]), p1 = exp2f(s[4 * j + 1] - m_use[0]);
-        const float p2 = exp2f(s[4 * j + 2] - m_use[1]), p3 = exp2f(s[4 * j + 3] - m_use[1]);
-        l[0] += p0 + p1;
-        l[1] += p2 + p3;
+        const float4 pr =
+            softmax_probs(s[4 * j + 0], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3], m_use, l);
         const int key = wgi * 32 + 8 * j + 2 * (lane & 3);
         const uint32_t byte = (key & 7) * 2;
         *reinterpret_cast<uint32_t*>(smem + kPOff + sw128_offset(r_lo, key >> 3) + byte) =
-            pack2(p0, p1);
+            pack2(pr.x, pr.y);
         *reinterpret_cast<uint32_t*>(smem + kPOff + sw128_offset(r_hi, key >> 3) + byte) =
-            pack2(p2, p3);
+            pack2(pr.z, pr.w);
       }
       fence_proxy_async();  // P stores -> visible to wgmma
       rescale_o(o, alpha[0], alpha[1]);

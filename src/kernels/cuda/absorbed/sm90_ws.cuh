@@ -267,39 +267,19 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         }
 
         // online_softmax: scale, mask, row maxima over the quad (it holds the row's 64 keys).
-        float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int key = key0 + 8 * j + 2 * (lane & 3) + (i & 1);
-            float v = sc[4 * j + i] * p.scale_log2;
-            if (key >= lim[i >> 1]) v = -INFINITY;
-            sc[4 * j + i] = v;
-            tmax[i >> 1] = fmaxf(tmax[i >> 1], v);
-          }
+        float tmax[2];
+        scale_mask_max<8>(sc, key0, lane, lim, p.scale_log2, tmax);
         float alpha[2], m_use[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-          tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-          const float m_new = fmaxf(m[i], tmax[i]);
-          m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-          alpha[i] = exp2f(m[i] - m_use[i]);  // m = -inf -> 0
-          m[i] = m_new;
-          l[i] *= alpha[i];
-        }
+        softmax_rescale(m, l, tmax, alpha, m_use);
         // P as the A fragments of m64n256k16 (k-step ks = keys 16 ks .. +16): a[0] / a[1] rows
         // lo / hi at keys 16 ks + 2 q, a[2] / a[3] the same at + 8 (q = lane % 4).
         uint32_t pa[4][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const float p0 = exp2f(sc[4 * j + 0] - m_use[0]), p1 = exp2f(sc[4 * j + 1] - m_use[0]);
-          const float p2 = exp2f(sc[4 * j + 2] - m_use[1]), p3 = exp2f(sc[4 * j + 3] - m_use[1]);
-          l[0] += p0 + p1;
-          l[1] += p2 + p3;
-          pa[j >> 1][(j & 1) * 2 + 0] = pack2(p0, p1);
-          pa[j >> 1][(j & 1) * 2 + 1] = pack2(p2, p3);
+          const float4 pr =
+              softmax_probs(sc[4 * j + 0], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3], m_use, l);
+          pa[j >> 1][(j & 1) * 2 + 0] = pack2(pr.x, pr.y);
+          pa[j >> 1][(j & 1) * 2 + 1] = pack2(pr.z, pr.w);
         }
         if (g > 0) bar_sync(kPFree, 256);  // warpgroup 1 is done with P / factors of g - 1
 #pragma unroll
