@@ -153,7 +153,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
       p.diag = diag_mode();
       if (const int rows = tma_box_rows(); rows > 0) {
         p.kv_tmap_rows = rows;
-        p.kv_tmap_valid = sm90::encode_bf16_tensor_map_sw128(
+        p.kv_tmap_valid = sm90::cached_bf16_tensor_map_sw128(
                               a.kv_cache.data, a.kv_cache.shape[0], 576, a.kv_cache.stride[0],
                               rows, 64, tma_l2_bytes(), p.kv_tmap)
                               ? 1

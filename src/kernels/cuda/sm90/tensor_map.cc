@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <array>
 #include <cstdint>
+#include <cstring>
 
 namespace mla::cuda::sm90 {
 namespace {
@@ -50,6 +52,45 @@ bool encode_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
          CU_TENSOR_MAP_SWIZZLE_128B, l2,
          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
+}
+
+bool cached_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
+                                  int64_t row_stride_elems, int box_rows, int box_cols,
+                                  int l2_promotion_bytes, void* out) {
+  struct Entry {
+    const void* base = nullptr;
+    int64_t rows = 0, cols = 0, stride = 0;
+    int box_rows = 0, box_cols = 0, l2 = 0;
+    alignas(64) unsigned char map[kTensorMapBytes];
+  };
+  // Direct-mapped by a multiplicative hash of the address (layer caches are large power-of-two
+  // strided allocations, whose low address bits alone would collide): the caches of a 61-layer
+  // model mostly find their own entries.
+  constexpr int kEntryBits = 8;
+  thread_local std::array<Entry, std::size_t{1} << kEntryBits> cache{};
+  const uint64_t h = static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(base)) *
+                     0x9E3779B97F4A7C15ull;
+  Entry& e = cache[h >> (64 - kEntryBits)];
+  if (e.base == base && e.base != nullptr && e.rows == rows && e.cols == cols &&
+      e.stride == row_stride_elems && e.box_rows == box_rows && e.box_cols == box_cols &&
+      e.l2 == l2_promotion_bytes) {
+    std::memcpy(out, e.map, kTensorMapBytes);
+    return true;
+  }
+  if (!encode_bf16_tensor_map_sw128(base, rows, cols, row_stride_elems, box_rows, box_cols,
+                                    l2_promotion_bytes, e.map)) {
+    e.base = nullptr;
+    return false;
+  }
+  e.base = base;
+  e.rows = rows;
+  e.cols = cols;
+  e.stride = row_stride_elems;
+  e.box_rows = box_rows;
+  e.box_cols = box_cols;
+  e.l2 = l2_promotion_bytes;
+  std::memcpy(out, e.map, kTensorMapBytes);
+  return true;
 }
 
 }  // namespace mla::cuda::sm90
