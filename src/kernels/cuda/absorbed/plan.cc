@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <new>
 #include <cstring>
 #include <vector>
 
@@ -24,38 +23,56 @@ constexpr int64_t kUnitCost = 1;
 // combine read of 64 x 512 fp32, the traffic of about two key tiles.
 constexpr int64_t kMinPieceTiles = 2;
 
-struct Tile {
-  int32_t request;
-  int32_t q_row_begin;
-  int32_t num_rows;
-  int32_t row_in_req;
-  int32_t kv_extent;  // keys the tile's last row sees
-  int64_t tiles;      // key tiles
+// A WorkUnit is three of these (48 bytes), a CombineUnit one: units are stored as three 16-byte
+// vectors built in registers instead of twelve 4-byte fields.
+typedef int32_t I32x4 __attribute__((vector_size(16)));
+static_assert(sizeof(WorkUnit) == 3 * sizeof(I32x4) && sizeof(CombineUnit) == sizeof(I32x4));
+
+inline void store4(std::byte* dst, I32x4 v) { std::memcpy(dst, &v, sizeof(v)); }
+inline void store_i32(std::byte* dst, int32_t v) { std::memcpy(dst, &v, sizeof(v)); }
+
+// ceil(a / d) for 0 <= a and 1 <= d <= kRecipMax without a hardware divide: a divide per CTA
+// of the cut sits on the cut's dependency chain (tens of cycles each). floor(a / d) ==
+// mulhi64(ceil(2^64 / d), a) exactly for a, d < 2^32 (Lemire, Kaser, Kurz 2019).
+constexpr int kRecipMax = 1024;
+__extension__ typedef unsigned __int128 U128;
+struct Reciprocals {
+  uint64_t m[kRecipMax + 1];
+  constexpr Reciprocals() : m{} {
+    for (int d = 2; d <= kRecipMax; ++d) m[d] = ~uint64_t{0} / static_cast<uint64_t>(d) + 1;
+  }
+};
+constexpr Reciprocals kRecip{};
+
+inline int64_t ceil_div(int64_t a, int64_t d) {
+  const uint64_t n = static_cast<uint64_t>(a) + static_cast<uint64_t>(d) - 1;
+  if (d >= 2 && d <= kRecipMax && n <= 0xffffffffu) [[likely]] {
+    return static_cast<int64_t>(
+        static_cast<uint64_t>((static_cast<U128>(kRecip.m[d]) * n) >> 64));
+  }
+  return (a + d - 1) / d;
+}
+
+// One row tile of a request, as its units need it.
+struct TileRef {
+  I32x4 head;      // pool_row, q_row_begin, num_rows, row_in_req (the unit's first 16 bytes)
+  I32x4 lens;      // q_len, kv_len, -, - (the unit's second 16 bytes, less the key range)
+  int32_t extent;  // keys the tile's last row sees
+  int32_t tiles;   // key tiles: ceil(extent / kBlockN)
 };
 
+// Piece of a grouped item (a request), kept for the groups after the first.
 struct Piece {
-  int64_t begin_tile, end_tile;
-  int cta;
+  int32_t request;
+  int32_t q_row;        // first flat row of the request
+  int32_t begin_tile, end_tile;
+  int32_t cta;          // within the group
+  int32_t item_pieces;  // pieces of the item on its first piece, else 0
 };
 
 // Reusable vectors of one planning thread (clear() keeps their capacity).
 struct PlanScratch {
-  std::vector<Tile> tiles;
-  std::vector<int32_t> first_tile;  // tiles of request b: [first_tile[b], first_tile[b + 1])
-  std::vector<int64_t> item_tiles;
   std::vector<Piece> pieces;
-  std::vector<int32_t> piece_begin;  // pieces of item i: [piece_begin[i], piece_begin[i + 1])
-  std::vector<int32_t> cta_begin;    // [num_ctas + 1]
-  std::vector<CombineUnit> combines;
-
-  void reset(int bs, int num_ctas) {
-    tiles.clear();
-    first_tile.assign(static_cast<std::size_t>(bs) + 1, 0);
-    item_tiles.clear();
-    pieces.clear();
-    cta_begin.resize(static_cast<std::size_t>(num_ctas) + 1);
-    combines.clear();
-  }
 };
 
 }  // namespace
@@ -110,201 +127,354 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   MLA_CHECK_ARG(host_plan.size() >= layout.bytes, "host_plan holds {} bytes, the plan needs {}",
                 host_plan.size(), layout.bytes);
 
-  int64_t q_tokens = 0;
-  int max_q_len = 1;
+  const int32_t* const q_lens = p.q_lens.data();
+  const int32_t* const kv_lens = p.kv_lens.data();
+  const int32_t* const req_rows = p.req_rows.data();
+  const bool causal = p.causal;
+
+  // 1. One branch-free pass: totals, the longest q_len, and the cost of every request as one
+  // item (its key tiles + kUnitCost; what the cut uses unless a request splits into row tiles
+  // cut separately). A malformed request sends us to the per-request checks for the message.
+  int64_t q_tokens = 0, request_cost = 0;
+  int32_t max_q = 0;
+  bool bad = false;
   for (int b = 0; b < bs; ++b) {
-    const int32_t ql = p.q_lens[b], kl = p.kv_lens[b];
-    MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
-                  kl);
-    MLA_CHECK_ARG(!p.causal || kl == 0 || kl >= ql,
-                  "causal: kv_lens[{}] = {} is below q_lens[{}] = {}", b, kl, b, ql);
-    MLA_CHECK_ARG(p.req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, p.req_rows[b]);
+    const int32_t ql = q_lens[b], kl = kv_lens[b];
+    bad |= (ql | kl | req_rows[b]) < 0;
+    bad |= causal & (kl != 0) & (kl < ql);
     q_tokens += ql;
-    max_q_len = std::max(max_q_len, static_cast<int>(ql));
+    max_q = std::max(max_q, ql);
+    request_cost += ql > 0 ? (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN + kUnitCost : 0;
+  }
+  if (bad) [[unlikely]] {
+    for (int b = 0; b < bs; ++b) {
+      const int32_t ql = q_lens[b], kl = kv_lens[b];
+      MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
+                    kl);
+      MLA_CHECK_ARG(!causal || kl == 0 || kl >= ql,
+                    "causal: kv_lens[{}] = {} is below q_lens[{}] = {}", b, kl, b, ql);
+      MLA_CHECK_ARG(req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, req_rows[b]);
+    }
   }
   MLA_CHECK_ARG(q_tokens <= cap.max_q_tokens, "sum(q_lens) = {} exceeds capacity max_q_tokens = {}",
                 q_tokens, cap.max_q_tokens);
 
   const int heads = p.num_heads;
   const int heads_log2 = std::countr_zero(static_cast<unsigned>(heads));  // a power of two
-  const int rows_tile = rows_per_tile(heads, max_q_len);
-
-  // Scratch reused across plans on this thread: after the first plans of the largest batch,
-  // planning allocates nothing (a serving loop plans every step).
-  thread_local PlanScratch scratch;
-  PlanScratch& s = scratch;
-  s.reset(bs, num_ctas);
-
-  // Row tiles: consecutive flat rows (token * H + head) of one request.
-  int64_t q_row = 0;
-  int max_tiles_per_req = 0;
-  for (int b = 0; b < bs; ++b) {
-    s.first_tile[b] = static_cast<int32_t>(s.tiles.size());
-    const int64_t rows = int64_t{p.q_lens[b]} * heads;
-    for (int64_t r = 0; r < rows; r += rows_tile) {
-      Tile t;
-      t.request = b;
-      t.q_row_begin = static_cast<int32_t>(q_row + r);
-      t.num_rows = static_cast<int32_t>(std::min<int64_t>(rows_tile, rows - r));
-      t.row_in_req = static_cast<int32_t>(r);
-      const int32_t last_query = (t.row_in_req + t.num_rows - 1) >> heads_log2;
-      const int32_t kl = p.kv_lens[b];
-      t.kv_extent = p.causal && kl > 0 ? kl - p.q_lens[b] + last_query + 1 : kl;
-      t.tiles = (t.kv_extent + kBlockN - 1) / kBlockN;
-      s.tiles.push_back(t);
-    }
-    max_tiles_per_req = std::max(max_tiles_per_req,
-                                 static_cast<int>(s.tiles.size()) - s.first_tile[b]);
-    q_row += rows;
-  }
-  s.first_tile[bs] = static_cast<int32_t>(s.tiles.size());
-  const std::vector<Tile>& tiles = s.tiles;
-  const std::vector<int32_t>& first_tile = s.first_tile;
+  const int rows_tile = rows_per_tile(heads, std::max<int32_t>(max_q, 1));
+  // Row tiles of a request: consecutive flat rows (token * H + head); the most any request has.
+  const int max_tiles_per_req =
+      static_cast<int>((int64_t{max_q} * heads + rows_tile - 1) / rows_tile);
 
   // Grouped schedule when a request has 2-4 row tiles (128 heads, or heads x q_len > 64): the
   // grid splits into one group of CTAs per row tile, all groups following the same key schedule,
   // so the row tiles of a request read the same keys at the same time and share them in L2
   // (otherwise 128-head decode reads the cache twice from DRAM: 2 x 1152 B per key).
+  // Items cut across one group's CTAs: requests (grouped; a request's cost is that of its
+  // longest row tile, the last one) or row tiles (ungrouped).
   const int groups =
       max_tiles_per_req >= 2 && max_tiles_per_req <= 4 && num_ctas >= 2 * max_tiles_per_req
           ? max_tiles_per_req : 1;
   const int ctas_per_group = num_ctas / groups;
-  // Items cut across one group's CTAs: requests (grouped) or row tiles (ungrouped).
-  std::vector<int64_t>& item_tiles = s.item_tiles;
-  if (groups > 1) {
-    for (int b = 0; b < bs; ++b) {
-      int64_t n = 0;
-      for (int i = first_tile[b]; i < first_tile[b + 1]; ++i) n = std::max(n, tiles[i].tiles);
-      item_tiles.push_back(first_tile[b + 1] > first_tile[b] ? n : -1);  // -1: no rows
-    }
-  } else {
-    for (const Tile& t : tiles) item_tiles.push_back(t.tiles);
-  }
-  int64_t total_cost = 0;
-  for (int64_t n : item_tiles) total_cost += n >= 0 ? n + kUnitCost : 0;
 
-  // 1. Contiguous cutting of the flattened (item, key tile) list into equal shares, once for
-  // all groups. Each CTA's share is re-derived from the work still unassigned, so pieces left
-  // unused by the no-tiny-piece rule spread over the remaining CTAs instead of piling up on the
-  // last one. Pieces of item i: pieces[piece_begin[i] .. piece_begin[i + 1]), CTAs ascending.
+  // The row tile of request b starting at row r of the request.
+  const auto tile_of = [&](int b, int64_t q_row, int64_t r) {
+    const int32_t ql = q_lens[b], kl = kv_lens[b];
+    const int64_t rows = int64_t{ql} * heads;
+    const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(rows_tile, rows - r));
+    const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> heads_log2);
+    TileRef t;
+    t.head = I32x4{req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
+    t.lens = I32x4{ql, kl, 0, 0};
+    t.extent = causal && kl > 0 ? kl - ql + last_query + 1 : kl;
+    t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
+    return t;
+  };
+
+  // Cost of all items. Requests of one row tile: that tile sees all kv_len keys (its last row is
+  // the last query), so request_cost is exact; ungrouped requests of several row tiles are cut
+  // tile by tile.
+  int64_t total_cost = request_cost;
+  if (groups == 1 && max_tiles_per_req > 1) {
+    total_cost = 0;
+    int64_t q_row = 0;
+    for (int b = 0; b < bs; ++b) {
+      const int64_t rows = int64_t{q_lens[b]} * heads;
+      for (int64_t r = 0; r < rows; r += rows_tile) total_cost += tile_of(b, q_row, r).tiles + kUnitCost;
+      q_row += rows;
+    }
+  }
+
+  std::byte* const base = host_plan.data();
+  std::byte* const units_out = base + layout.units_offset;
+  std::byte* const combines_out = base + layout.combines_offset;
+  std::byte* const cta_begin_out = base + layout.cta_begin_offset;
+  const int64_t max_units = layout.max_units;
+  const int64_t max_combines = layout.max_combines;
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+
+  // One unit of tile t over key tiles [begin, end), written in place as three 16-byte stores.
+  // Bounds-checked as it is written (the layout's max_units bounds them; exceeding it is a bug).
+  bool overflow = false;
+  const auto emit = [&](const TileRef& t, int64_t begin, int64_t end, int32_t partial) {
+    if (num_units >= max_units) [[unlikely]] {
+      overflow = true;
+      return;
+    }
+    const int64_t kv_begin = std::min<int64_t>(begin, t.tiles) * kBlockN;
+    const int64_t kv_end = std::max<int64_t>(std::min<int64_t>(end * kBlockN, t.extent), kv_begin);
+    I32x4 lens = t.lens;
+    lens[2] = static_cast<int32_t>(kv_begin);
+    lens[3] = static_cast<int32_t>(kv_end);
+    std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
+    store4(u, t.head);
+    store4(u + 16, lens);
+    store4(u + 32, I32x4{partial, 0, 0, 0});
+  };
+  // A combine of tile t over partial slots [first, first + count).
+  const auto emit_combine = [&](const TileRef& t, int32_t first, int32_t count) {
+    if (num_combines >= max_combines) [[unlikely]] {
+      overflow = true;
+      return;
+    }
+    store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+           I32x4{t.head[1], t.head[2], first, count});
+  };
+
+  // 2. Contiguous cutting of the flattened (item, key tile) list into equal shares, once for
+  // all groups, writing the first group's units as the pieces come (CTA-major, no sort). Each
+  // CTA's share is re-derived from the work still unassigned, so pieces left unused by the
+  // no-tiny-piece rule spread over the remaining CTAs instead of piling up on the last one.
+  // A tile cut into several pieces writes partial slots that one combine merges.
   int64_t unassigned = total_cost;
   const auto share = [&](int c) {
-    const int64_t left_ctas = ctas_per_group - c;
-    return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
+    return std::max<int64_t>(ceil_div(unassigned, ctas_per_group - c), kMinPieceTiles + kUnitCost);
   };
   int cta = 0;
   int64_t room = share(0);
-  std::vector<Piece>& pieces = s.pieces;
-  std::vector<int32_t>& piece_begin = s.piece_begin;
-  const std::size_t num_items = item_tiles.size();
-  piece_begin.resize(num_items + 1);
-  for (std::size_t item = 0; item < num_items; ++item) {
-    piece_begin[item] = static_cast<int32_t>(pieces.size());
-    const int64_t n_tiles = item_tiles[item];
-    if (n_tiles < 0) continue;
+  store_i32(cta_begin_out, 0);
+  const int last_cta = ctas_per_group - 1;
+  const auto next_cta_of_cut = [&] {
+    ++cta;
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
+    room = share(cta);
+  };
+  // Groups after the first replay the first group's pieces with their own row tiles: directly
+  // from its units when every request has one query (all row tiles alike), else from a list.
+  const bool replay_units = groups > 1 && max_q == 1;
+  const bool keep_pieces = groups > 1 && !replay_units;
+  thread_local PlanScratch scratch;
+  std::vector<Piece>& pieces = scratch.pieces;
+  pieces.clear();
+
+  // Cuts item (tile t, n key tiles): its pieces, in CTA order.
+  const auto cut = [&](const TileRef& t, int64_t n, int b, int64_t q_row) {
     int64_t begin = 0;
+    int32_t first_partial = 0;
+    const std::size_t first_piece = pieces.size();
+    const auto piece = [&](int64_t end, int32_t partial) {
+      emit(t, begin, end, partial);
+      if (keep_pieces) {
+        pieces.push_back({b, static_cast<int32_t>(q_row), static_cast<int32_t>(begin),
+                          static_cast<int32_t>(end), cta, 0});
+      }
+    };
     while (true) {
-      const int64_t left = n_tiles - begin;
+      const int64_t left = n - begin;
       // Slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind.
-      if (cta == ctas_per_group - 1 || left + kUnitCost <= room + kMinPieceTiles) {
-        pieces.push_back({begin, n_tiles, cta});
+      if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
+        const bool split = begin > 0;
+        piece(n, split ? next_partial++ : -1);
+        if (split) emit_combine(t, first_partial, next_partial - first_partial);
         room -= left + kUnitCost;
         unassigned -= left + kUnitCost;
         break;
       }
       const int64_t take = room - kUnitCost;
       if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
-        pieces.push_back({begin, begin + take, cta});
+        if (begin == 0) first_partial = next_partial;
+        piece(begin + take, next_partial++);
         begin += take;
         unassigned -= take;  // the item's unit cost leaves with its last piece
       }
-      ++cta;
-      room = share(cta);
+      next_cta_of_cut();
     }
-    if (room <= 0 && cta < ctas_per_group - 1) {
-      ++cta;
-      room = share(cta);
+    if (keep_pieces) pieces[first_piece].item_pieces = static_cast<int32_t>(pieces.size() - first_piece);
+    if (room <= 0 && cta < last_cta) next_cta_of_cut();
+  };
+
+  if (max_q == 1 && (groups > 1 || max_tiles_per_req <= 1)) {
+    // Decode (every request 0 or 1 query): one item per request with a query, its first row tile
+    // (rows min(rows_tile, heads); grouped at 128 heads, group 1 follows in step 3), which sees
+    // all kv_len keys. Most fit whole in the CTA being filled: written here; the rest are cut.
+    const int32_t tile_rows = std::min(rows_tile, heads);
+    int64_t q_row = 0;
+    for (int b = 0; b < bs; ++b) {
+      const int32_t ql = q_lens[b];
+      if (ql == 0) continue;
+      const int32_t kl = kv_lens[b];
+      const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
+      const I32x4 head{req_rows[b], static_cast<int32_t>(q_row), tile_rows, 0};
+      if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
+        if (num_units >= max_units) [[unlikely]] {
+          overflow = true;
+          break;
+        }
+        std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
+        store4(u, head);
+        store4(u + 16, I32x4{1, kl, 0, kl});  // keys [0, kv_len): the whole tile
+        store4(u + 32, I32x4{-1, 0, 0, 0});
+        room -= n + kUnitCost;
+        unassigned -= n + kUnitCost;
+        if (room <= 0 && cta < last_cta) next_cta_of_cut();
+      } else {
+        cut(tile_of(b, q_row, 0), n, b, q_row);
+      }
+      q_row += heads;
+    }
+  } else if (groups > 1 || max_tiles_per_req <= 1) {
+    // One item per request with rows: its first row tile (grouped: the others follow in step 3)
+    // costs the key tiles of its last one, which sees all kv_len keys. Most items fit whole in
+    // the CTA being filled: that case is written here, the rest are cut piece by piece.
+    int64_t q_row = 0;
+    for (int b = 0; b < bs; ++b) {
+      const int32_t ql = q_lens[b], kl = kv_lens[b];
+      const int64_t rows = int64_t{ql} * heads;
+      if (rows > 0) {
+        const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
+        const TileRef t = tile_of(b, q_row, 0);
+        if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
+          if (num_units >= max_units) [[unlikely]] {
+            overflow = true;
+            break;
+          }
+          std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
+          store4(u, t.head);
+          store4(u + 16, I32x4{ql, kl, 0, t.extent});  // keys [0, extent): the whole tile
+          store4(u + 32, I32x4{-1, 0, 0, 0});
+          if (keep_pieces) {
+            pieces.push_back({b, static_cast<int32_t>(q_row), 0, static_cast<int32_t>(n), cta, 1});
+          }
+          room -= n + kUnitCost;
+          unassigned -= n + kUnitCost;
+          if (room <= 0 && cta < last_cta) next_cta_of_cut();
+        } else {
+          cut(t, n, b, q_row);
+        }
+      }
+      q_row += rows;
+    }
+  } else {
+    int64_t q_row = 0;
+    for (int b = 0; b < bs; ++b) {
+      const int64_t rows = int64_t{q_lens[b]} * heads;
+      for (int64_t r = 0; r < rows; r += rows_tile) {
+        const TileRef t = tile_of(b, q_row, r);
+        cut(t, t.tiles, b, q_row);
+      }
+      q_row += rows;
     }
   }
-  piece_begin[num_items] = static_cast<int32_t>(pieces.size());
+  // CTAs of the first group after the last one cut begin at the end of its units.
+  int next_cta = cta + 1;  // CTAs before next_cta have their begin written
+  const auto begin_ctas_through = [&](int owner) {
+    for (; next_cta <= owner; ++next_cta) {
+      store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(next_cta), num_units);
+    }
+  };
 
-  // 2. Units written in place, group by group: group g owns CTAs [g * ctas_per_group, ...) and
-  // its pieces come in ascending CTA order, so the output is CTA-major with no sorting pass.
-  // A tile cut into several pieces writes partial slots that one combine merges. Each unit is
-  // bounds-checked as it is written (the layout's max_units bounds them; exceeding it is a bug).
-  std::byte* base = host_plan.data();
-  auto* units_out = reinterpret_cast<WorkUnit*>(base + layout.units_offset);
-  std::vector<int32_t>& cta_begin = s.cta_begin;  // [num_ctas + 1]
-  std::vector<CombineUnit>& combines = s.combines;
-  int32_t num_units = 0;
-  int32_t next_partial = 0;
-  int next_cta = 0;  // CTAs before next_cta have their begin written
-  for (int g = 0; g < groups; ++g) {
-    const int cta0 = g * ctas_per_group;
-    for (std::size_t item = 0; item < num_items; ++item) {
-      const int tile_index = groups > 1 ? first_tile[item] + g : static_cast<int>(item);
-      if (groups > 1 && tile_index >= first_tile[item + 1]) continue;
-      const int32_t pb = piece_begin[item], pe = piece_begin[item + 1];
-      if (pb == pe) continue;
-      const Tile& t = tiles[static_cast<std::size_t>(tile_index)];
-      const bool split = pe - pb > 1;
-      if (split) combines.push_back({t.q_row_begin, t.num_rows, next_partial, pe - pb});
-      for (int32_t k = pb; k < pe; ++k) {
-        const Piece& pc = pieces[static_cast<std::size_t>(k)];
-        const int owner = cta0 + pc.cta;
-        while (next_cta <= owner) cta_begin[next_cta++] = num_units;
-        if (num_units >= layout.max_units) [[unlikely]] {
-          return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
+  // 3. The other groups: group g owns CTAs [g * ctas_per_group, ...).
+  if (replay_units) {
+    // Every request has one query, so max_tiles_per_req == groups == 2 (128 heads), and both row
+    // tiles of a request see the same keys: group 1's units, combines and CTA begins are group
+    // 0's moved by one row tile (rows_tile rows; partial slots after group 0's).
+    const int32_t units0 = num_units, combines0 = num_combines, partials0 = next_partial;
+    begin_ctas_through(ctas_per_group - 1);
+    if (int64_t{units0} * groups > max_units) [[unlikely]] {
+      num_units = static_cast<int32_t>(max_units);
+      overflow = true;
+    } else if (int64_t{combines0} * groups > max_combines) [[unlikely]] {
+      overflow = true;
+    } else {
+      const I32x4 row_step{0, rows_tile, 0, rows_tile};
+      for (int32_t i = 0; i < units0; ++i) {
+        const std::byte* src = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i);
+        std::byte* dst = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i + units0);
+        I32x4 head, lens, tail;
+        std::memcpy(&head, src, 16);
+        std::memcpy(&lens, src + 16, 16);
+        std::memcpy(&tail, src + 32, 16);
+        tail[0] += tail[0] >= 0 ? partials0 : 0;
+        store4(dst, head + row_step);
+        store4(dst + 16, lens);
+        store4(dst + 32, tail);
+      }
+      const I32x4 combine_step{rows_tile, 0, partials0, 0};
+      for (int32_t i = 0; i < combines0; ++i) {
+        const std::byte* src = combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i);
+        I32x4 c;
+        std::memcpy(&c, src, 16);
+        store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i + combines0),
+               c + combine_step);
+      }
+      for (int c = 0; c < ctas_per_group; ++c) {
+        int32_t begin;
+        std::memcpy(&begin, cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), 4);
+        store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(ctas_per_group + c),
+                  begin + units0);
+      }
+      next_cta = 2 * ctas_per_group;
+      num_units = 2 * units0;
+      num_combines = 2 * combines0;
+      next_partial = 2 * partials0;
+    }
+  } else if (keep_pieces) {
+    const std::size_t num_pieces = pieces.size();
+    for (int g = 1; g < groups && !overflow; ++g) {
+      const int cta0 = g * ctas_per_group;
+      const int64_t r = int64_t{g} * rows_tile;
+      for (std::size_t k = 0; k < num_pieces;) {
+        const Piece first = pieces[k];
+        const std::size_t end = k + static_cast<std::size_t>(first.item_pieces);
+        if (int64_t{q_lens[first.request]} * heads > r) {  // the request has row tile g
+          const TileRef t = tile_of(first.request, first.q_row, r);
+          const bool split = first.item_pieces > 1;
+          if (split) emit_combine(t, next_partial, first.item_pieces);
+          for (; k < end; ++k) {
+            const Piece& pc = pieces[k];
+            begin_ctas_through(cta0 + pc.cta);
+            emit(t, pc.begin_tile, pc.end_tile, split ? next_partial++ : -1);
+          }
         }
-        // Constructed in place, field by field: building a local and copying it out made every
-        // unit wait on a store-to-load forwarding stall (a third of the planner's time).
-        WorkUnit* u = ::new (static_cast<void*>(units_out + num_units++)) WorkUnit;
-        u->pool_row = p.req_rows[t.request];
-        u->q_row_begin = t.q_row_begin;
-        u->num_rows = t.num_rows;
-        u->row_in_req = t.row_in_req;
-        u->q_len = p.q_lens[t.request];
-        u->kv_len = p.kv_lens[t.request];
-        const int32_t kv_begin =
-            static_cast<int32_t>(std::min<int64_t>(pc.begin_tile, t.tiles) * kBlockN);
-        const int32_t kv_end =
-            static_cast<int32_t>(std::min<int64_t>(pc.end_tile * kBlockN, t.kv_extent));
-        u->kv_begin = kv_begin;
-        u->kv_end = std::max(kv_end, kv_begin);
-        u->partial = split ? next_partial++ : -1;
-        u->reserved[0] = u->reserved[1] = u->reserved[2] = 0;
+        k = end;
       }
     }
   }
-  while (next_cta <= num_ctas) cta_begin[next_cta++] = num_units;
-  if (static_cast<int64_t>(combines.size()) > layout.max_combines ||
-      next_partial > max_partials(num_ctas)) {
+  if (overflow && num_units >= max_units) {
+    return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
+  }
+  if (overflow || next_partial > max_partials(num_ctas)) {
     return internal_error("absorbed plan overflow: {} combines (max {}), {} partials (max {})",
-                          combines.size(), layout.max_combines, next_partial,
+                          num_combines, layout.max_combines, next_partial,
                           max_partials(num_ctas));
   }
+  begin_ctas_through(num_ctas);
 
   PlanHeader h{};
   h.num_ctas = num_ctas;
   h.rows_per_tile = rows_tile;
-  h.num_units = static_cast<int32_t>(num_units);
-  h.num_combines = static_cast<int32_t>(combines.size());
+  h.num_units = num_units;
+  h.num_combines = num_combines;
   h.num_heads = heads;
   h.page_size = p.page_size;
-  h.causal = p.causal ? 1 : 0;
+  h.causal = causal ? 1 : 0;
   h.num_partials = next_partial;
   h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
   h.units_offset = static_cast<int32_t>(layout.units_offset);
   h.combines_offset = static_cast<int32_t>(layout.combines_offset);
   std::memcpy(base, &h, sizeof(h));
-  std::memcpy(base + layout.cta_begin_offset, cta_begin.data(),
-              sizeof(int32_t) * cta_begin.size());
-  if (!combines.empty()) {  // memcpy from an empty vector's null data() is undefined
-    std::memcpy(base + layout.combines_offset, combines.data(),
-                sizeof(CombineUnit) * combines.size());
-  }
   // Bytes through the last combine written: the upload can stop there.
-  return layout.combines_offset + sizeof(CombineUnit) * combines.size();
+  return layout.combines_offset + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines);
 }
 
 }  // namespace mla::cuda::absorbed
