@@ -75,6 +75,107 @@ struct PlanScratch {
   std::vector<Piece> pieces;
 };
 
+// max(ceil(unassigned / CTAs left), kMinPieceTiles + kUnitCost): the share of CTA c of a group.
+inline int64_t share_of(int64_t unassigned, int ctas_per_group, int c) {
+  return std::max<int64_t>(ceil_div(unassigned, ctas_per_group - c), kMinPieceTiles + kUnitCost);
+}
+
+// Where the cut stands: the CTA being filled, its room, the work not yet assigned, and what has
+// been written.
+struct CutState {
+  int cta = 0;
+  int64_t room = 0;
+  int64_t unassigned = 0;
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+};
+
+// The plan's output regions.
+struct PlanOut {
+  std::byte* units;
+  std::byte* combines;
+  std::byte* cta_begin;
+};
+
+// The cut for decode (every request 0 or 1 query, one item per request with a query: its first
+// row tile of tile_rows rows, which sees all kv_len keys), the general cut in build_plan
+// specialised: a piece [b, e) of key tiles covers keys [64 b, min(64 e, kv_len)), and a piece
+// cut off before the last ends below kv_len. A function of its own so that the state lives in
+// registers: the unit stores go through std::byte*, which may alias anything in memory.
+// No bound checks: the cut writes at most one unit per item plus one per CTA it moves past
+// (bs + ctas_per_group - 1 < max_batch + num_ctas <= max_units) and at most one combine per CTA
+// moved past (< num_ctas = max_combines).
+void cut_decode(const int32_t* q_lens, const int32_t* kv_lens, const int32_t* req_rows, int bs,
+                int heads, int32_t tile_rows, int ctas_per_group, const PlanOut& out,
+                CutState& state) {
+  std::byte* const units_out = out.units;
+  std::byte* const combines_out = out.combines;
+  std::byte* const cta_begin_out = out.cta_begin;
+  const int last_cta = ctas_per_group - 1;
+  int cta = state.cta;
+  int64_t room = state.room, unassigned = state.unassigned;
+  int32_t num_units = state.num_units, num_combines = state.num_combines;
+  int32_t next_partial = state.next_partial;
+  const auto next_cta = [&]() __attribute__((always_inline)) {
+    ++cta;
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
+    room = share_of(unassigned, ctas_per_group, cta);
+  };
+  const auto store_unit = [&](I32x4 head, int32_t kl, int64_t kv_begin, int32_t kv_end,
+                              int32_t partial) __attribute__((always_inline)) {
+    std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
+    store4(u, head);
+    store4(u + 16, I32x4{1, kl, static_cast<int32_t>(kv_begin), kv_end});
+    store4(u + 32, I32x4{partial, 0, 0, 0});
+  };
+  int64_t q_row = 0;
+  for (int b = 0; b < bs; ++b) {
+    const int32_t ql = q_lens[b];
+    if (ql == 0) continue;
+    const int32_t kl = kv_lens[b];
+    const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
+    const I32x4 head{req_rows[b], static_cast<int32_t>(q_row), tile_rows, 0};
+    q_row += heads;
+    if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
+      store_unit(head, kl, 0, kl, -1);  // the whole request in this CTA
+      room -= n + kUnitCost;
+      unassigned -= n + kUnitCost;
+    } else {
+      int64_t begin = 0;
+      const int32_t first_partial = next_partial;
+      while (true) {
+        const int64_t left = n - begin;
+        if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
+          const bool split = begin > 0;
+          store_unit(head, kl, begin * kBlockN, kl, split ? next_partial : -1);
+          if (split) {
+            ++next_partial;
+            store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                   I32x4{head[1], tile_rows, first_partial, next_partial - first_partial});
+          }
+          room -= left + kUnitCost;
+          unassigned -= left + kUnitCost;
+          break;
+        }
+        const int64_t take = room - kUnitCost;
+        if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+          store_unit(head, kl, begin * kBlockN, static_cast<int32_t>((begin + take) * kBlockN),
+                     next_partial++);
+          begin += take;
+          unassigned -= take;  // the item's unit cost leaves with its last piece
+        }
+        next_cta();
+      }
+    }
+    if (room <= 0 && cta < last_cta) next_cta();
+  }
+  state.cta = cta;
+  state.room = room;
+  state.unassigned = unassigned;
+  state.num_units = num_units;
+  state.num_combines = num_combines;
+  state.next_partial = next_partial;
+}
+
 }  // namespace
 
 PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
@@ -132,20 +233,28 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   const int32_t* const req_rows = p.req_rows.data();
   const bool causal = p.causal;
 
-  // 1. One branch-free pass: totals, the longest q_len, and the cost of every request as one
-  // item (its key tiles + kUnitCost; what the cut uses unless a request splits into row tiles
-  // cut separately). A malformed request sends us to the per-request checks for the message.
-  int64_t q_tokens = 0, request_cost = 0;
+  // 1. Branch-free passes the compiler vectorizes: the checks, the longest q_len, the query
+  // tokens, and the cost of every request as one item (its key tiles + kUnitCost), what the cut
+  // uses unless a request splits into row tiles cut separately. Sums in unsigned arithmetic
+  // are exact once the checks pass (every length >= 0); a malformed request sends us to the
+  // per-request checks, in their order, for the message.
+  uint32_t sign_bits = 0, below_q = 0;
   int32_t max_q = 0;
-  bool bad = false;
   for (int b = 0; b < bs; ++b) {
     const int32_t ql = q_lens[b], kl = kv_lens[b];
-    bad |= (ql | kl | req_rows[b]) < 0;
-    bad |= causal & (kl != 0) & (kl < ql);
-    q_tokens += ql;
+    sign_bits |= static_cast<uint32_t>(ql | kl | req_rows[b]);
+    below_q |= static_cast<uint32_t>((kl < ql) & (kl != 0));
     max_q = std::max(max_q, ql);
-    request_cost += ql > 0 ? (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN + kUnitCost : 0;
   }
+  uint64_t q_sum = 0, cost_sum = 0;
+  for (int b = 0; b < bs; ++b) {
+    const uint32_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
+    q_sum += ql;
+    cost_sum += (((kl + kBlockN - 1) / kBlockN) + kUnitCost) & (0u - static_cast<uint32_t>(ql != 0));
+  }
+  const bool bad = (sign_bits >> 31) != 0 || (causal && below_q != 0);
+  const int64_t q_tokens = static_cast<int64_t>(q_sum);
+  const int64_t request_cost = static_cast<int64_t>(cost_sum);
   if (bad) [[unlikely]] {
     for (int b = 0; b < bs; ++b) {
       const int32_t ql = q_lens[b], kl = kv_lens[b];
@@ -304,34 +413,20 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   };
 
   if (max_q == 1 && (groups > 1 || max_tiles_per_req <= 1)) {
-    // Decode (every request 0 or 1 query): one item per request with a query, its first row tile
-    // (rows min(rows_tile, heads); grouped at 128 heads, group 1 follows in step 3), which sees
-    // all kv_len keys. Most fit whole in the CTA being filled: written here; the rest are cut.
-    const int32_t tile_rows = std::min(rows_tile, heads);
-    int64_t q_row = 0;
-    for (int b = 0; b < bs; ++b) {
-      const int32_t ql = q_lens[b];
-      if (ql == 0) continue;
-      const int32_t kl = kv_lens[b];
-      const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
-      const I32x4 head{req_rows[b], static_cast<int32_t>(q_row), tile_rows, 0};
-      if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
-        if (num_units >= max_units) [[unlikely]] {
-          overflow = true;
-          break;
-        }
-        std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
-        store4(u, head);
-        store4(u + 16, I32x4{1, kl, 0, kl});  // keys [0, kv_len): the whole tile
-        store4(u + 32, I32x4{-1, 0, 0, 0});
-        room -= n + kUnitCost;
-        unassigned -= n + kUnitCost;
-        if (room <= 0 && cta < last_cta) next_cta_of_cut();
-      } else {
-        cut(tile_of(b, q_row, 0), n, b, q_row);
-      }
-      q_row += heads;
-    }
+    // Decode: every request 0 or 1 query, one item per request with a query (grouped at 128
+    // heads: its first row tile; group 1 follows in step 3).
+    CutState st;
+    st.cta = cta;
+    st.room = room;
+    st.unassigned = unassigned;
+    cut_decode(q_lens, kv_lens, req_rows, bs, heads, std::min(rows_tile, heads), ctas_per_group,
+               PlanOut{units_out, combines_out, cta_begin_out}, st);
+    cta = st.cta;
+    room = st.room;
+    unassigned = st.unassigned;
+    num_units = st.num_units;
+    num_combines = st.num_combines;
+    next_partial = st.next_partial;
   } else if (groups > 1 || max_tiles_per_req <= 1) {
     // One item per request with rows: its first row tile (grouped: the others follow in step 3)
     // costs the key tiles of its last one, which sees all kv_len keys. Most items fit whole in
