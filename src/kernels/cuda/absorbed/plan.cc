@@ -53,6 +53,17 @@ inline int64_t ceil_div(int64_t a, int64_t d) {
   return (a + d - 1) / d;
 }
 
+// The batch as the cut reads it.
+struct Batch {
+  const int32_t* q_lens;
+  const int32_t* kv_lens;
+  const int32_t* req_rows;
+  int bs;
+  int heads, heads_log2;
+  int rows_tile;
+  bool causal;
+};
+
 // One row tile of a request, as its units need it.
 struct TileRef {
   I32x4 head;      // pool_row, q_row_begin, num_rows, row_in_req (the unit's first 16 bytes)
@@ -61,16 +72,43 @@ struct TileRef {
   int32_t tiles;   // key tiles: ceil(extent / kBlockN)
 };
 
+// The row tile of request b starting at row r of the request (q_row: the request's first row).
+inline TileRef tile_of(const Batch& in, int b, int64_t q_row, int64_t r) {
+  const int32_t ql = in.q_lens[b], kl = in.kv_lens[b];
+  const int64_t rows = int64_t{ql} * in.heads;
+  const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
+  const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
+  TileRef t;
+  t.head = I32x4{in.req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
+  t.lens = I32x4{ql, kl, 0, 0};
+  t.extent = in.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
+  t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
+  return t;
+}
+
+// One unit of tile t over key tiles [begin, end), written as three 16-byte stores.
+inline void store_unit(std::byte* u, const TileRef& t, int64_t begin, int64_t end,
+                       int32_t partial) {
+  const int64_t kv_begin = std::min<int64_t>(begin, t.tiles) * kBlockN;
+  const int64_t kv_end = std::max<int64_t>(std::min<int64_t>(end * kBlockN, t.extent), kv_begin);
+  I32x4 lens = t.lens;
+  lens[2] = static_cast<int32_t>(kv_begin);
+  lens[3] = static_cast<int32_t>(kv_end);
+  store4(u, t.head);
+  store4(u + 16, lens);
+  store4(u + 32, I32x4{partial, 0, 0, 0});
+}
+
 // Piece of a grouped item (a request), kept for the groups after the first.
 struct Piece {
   int32_t request;
   int32_t q_row;        // first flat row of the request
   int32_t begin_tile, end_tile;
   int32_t cta;          // within the group
-  int32_t item_pieces;  // pieces of the item on its first piece, else 0
+  int32_t item_pieces;  // pieces of the item, on its first piece
 };
 
-// Reusable vectors of one planning thread (clear() keeps their capacity).
+// Reusable vectors of one planning thread (resize() keeps their capacity).
 struct PlanScratch {
   std::vector<Piece> pieces;
 };
@@ -80,100 +118,263 @@ inline int64_t share_of(int64_t unassigned, int ctas_per_group, int c) {
   return std::max<int64_t>(ceil_div(unassigned, ctas_per_group - c), kMinPieceTiles + kUnitCost);
 }
 
-// Where the cut stands: the CTA being filled, its room, the work not yet assigned, and what has
-// been written.
-struct CutState {
-  int cta = 0;
-  int64_t room = 0;
-  int64_t unassigned = 0;
-  int32_t num_units = 0, num_combines = 0, next_partial = 0;
-};
-
-// The plan's output regions.
+// The plan's output regions and where the writing stands. The cut and the replay below are
+// functions of their own that copy these counters into locals: kept in registers, they are not
+// reloaded after every unit store (stores through std::byte* may alias anything in memory).
 struct PlanOut {
   std::byte* units;
   std::byte* combines;
   std::byte* cta_begin;
+  int64_t max_units;
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+  int next_cta = 0;  // CTAs before next_cta have their begin written
+  bool overflow = false;
 };
 
-// The cut for decode (every request 0 or 1 query, one item per request with a query: its first
-// row tile of tile_rows rows, which sees all kv_len keys), the general cut in build_plan
-// specialised: a piece [b, e) of key tiles covers keys [64 b, min(64 e, kv_len)), and a piece
-// cut off before the last ends below kv_len. A function of its own so that the state lives in
-// registers: the unit stores go through std::byte*, which may alias anything in memory.
-// No bound checks: the cut writes at most one unit per item plus one per CTA it moves past
-// (bs + ctas_per_group - 1 < max_batch + num_ctas <= max_units) and at most one combine per CTA
-// moved past (< num_ctas = max_combines).
-void cut_decode(const int32_t* q_lens, const int32_t* kv_lens, const int32_t* req_rows, int bs,
-                int heads, int32_t tile_rows, int ctas_per_group, const PlanOut& out,
-                CutState& state) {
+// Contiguous cutting of the flattened (item, key tile) list of one group into equal shares:
+// CTA c of the group gets max(ceil(unassigned work / CTAs left), kMinPieceTiles + kUnitCost),
+// re-derived from the work still unassigned, so pieces left unused by the no-tiny-piece rule
+// spread over the remaining CTAs instead of piling up on the last one. An item that fits (with
+// a slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind) ends in
+// the CTA; else a piece is cut off (unless a piece under kMinPieceTiles would be left) and the
+// cut moves to the next CTA. A tile cut into several pieces writes partial slots that one
+// combine merges. Units are written as the pieces come, CTA-major.
+//
+// Items: one per request with rows (grouped: its first row tile, costed by its last row tile,
+// which sees all kv_len keys) or one per row tile (ungrouped). pieces (grouped with several
+// queries only): one per unit written, for the other groups.
+//
+// Combines need no bound check: each split item moves the cut past a CTA, so there are fewer
+// than num_ctas = max_combines. Units are checked against max_units.
+template <bool kDecode>
+void cut_group(const Batch& in, bool grouped, int ctas_per_group, int64_t total_cost,
+               Piece* pieces, PlanOut& out) {
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
   std::byte* const cta_begin_out = out.cta_begin;
+  const int64_t max_units = out.max_units;
   const int last_cta = ctas_per_group - 1;
-  int cta = state.cta;
-  int64_t room = state.room, unassigned = state.unassigned;
-  int32_t num_units = state.num_units, num_combines = state.num_combines;
-  int32_t next_partial = state.next_partial;
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+  int cta = 0;
+  int64_t unassigned = total_cost;
+  int64_t room = share_of(unassigned, ctas_per_group, 0);
+  store_i32(cta_begin_out, 0);
   const auto next_cta = [&]() __attribute__((always_inline)) {
     ++cta;
     store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
     room = share_of(unassigned, ctas_per_group, cta);
   };
-  const auto store_unit = [&](I32x4 head, int32_t kl, int64_t kv_begin, int32_t kv_end,
-                              int32_t partial) __attribute__((always_inline)) {
-    std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
-    store4(u, head);
-    store4(u + 16, I32x4{1, kl, static_cast<int32_t>(kv_begin), kv_end});
-    store4(u + 32, I32x4{partial, 0, 0, 0});
-  };
+  bool overflow = false;
   int64_t q_row = 0;
-  for (int b = 0; b < bs; ++b) {
-    const int32_t ql = q_lens[b];
-    if (ql == 0) continue;
-    const int32_t kl = kv_lens[b];
-    const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
-    const I32x4 head{req_rows[b], static_cast<int32_t>(q_row), tile_rows, 0};
-    q_row += heads;
-    if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
-      store_unit(head, kl, 0, kl, -1);  // the whole request in this CTA
-      room -= n + kUnitCost;
-      unassigned -= n + kUnitCost;
-    } else {
-      int64_t begin = 0;
-      const int32_t first_partial = next_partial;
-      while (true) {
-        const int64_t left = n - begin;
-        if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
-          const bool split = begin > 0;
-          store_unit(head, kl, begin * kBlockN, kl, split ? next_partial : -1);
-          if (split) {
-            ++next_partial;
-            store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
-                   I32x4{head[1], tile_rows, first_partial, next_partial - first_partial});
+  for (int b = 0; b < in.bs && !overflow; ++b) {
+    const int32_t ql = in.q_lens[b];
+    const int64_t rows = int64_t{ql} * in.heads;
+    if constexpr (kDecode) {
+      // Decode (every request 0 or 1 query; bs + ctas_per_group - 1 units at most, under
+      // max_batch + num_ctas <= max_units: no check). The item's first row tile has
+      // tile_rows = min(rows_tile, heads) rows and sees all kv_len keys: a piece [b, e) of key
+      // tiles covers keys [64 b, min(64 e, kv_len)), and a piece cut off before the last ends
+      // below kv_len.
+      if (ql == 0) continue;
+      const int32_t kl = in.kv_lens[b];
+      const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
+      const int32_t tile_rows = std::min(in.rows_tile, in.heads);
+      const I32x4 head{in.req_rows[b], static_cast<int32_t>(q_row), tile_rows, 0};
+      q_row += rows;
+      const auto put = [&](int64_t begin, int32_t end, int32_t partial)
+                           __attribute__((always_inline)) {
+        std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
+        store4(u, head);
+        store4(u + 16, I32x4{1, kl, static_cast<int32_t>(begin * kBlockN), end});
+        store4(u + 32, I32x4{partial, 0, 0, 0});
+      };
+      if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
+        put(0, kl, -1);  // the whole request in this CTA
+        room -= n + kUnitCost;
+        unassigned -= n + kUnitCost;
+      } else {
+        int64_t begin = 0;
+        const int32_t first_partial = next_partial;
+        while (true) {
+          const int64_t left = n - begin;
+          if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
+            const bool split = begin > 0;
+            put(begin, kl, split ? next_partial : -1);
+            if (split) {
+              ++next_partial;
+              store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                     I32x4{head[1], tile_rows, first_partial, next_partial - first_partial});
+            }
+            room -= left + kUnitCost;
+            unassigned -= left + kUnitCost;
+            break;
           }
-          room -= left + kUnitCost;
-          unassigned -= left + kUnitCost;
-          break;
+          const int64_t take = room - kUnitCost;
+          if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+            put(begin, static_cast<int32_t>((begin + take) * kBlockN), next_partial++);
+            begin += take;
+            unassigned -= take;  // the item's unit cost leaves with its last piece
+          }
+          next_cta();
         }
-        const int64_t take = room - kUnitCost;
-        if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
-          store_unit(head, kl, begin * kBlockN, static_cast<int32_t>((begin + take) * kBlockN),
-                     next_partial++);
-          begin += take;
-          unassigned -= take;  // the item's unit cost leaves with its last piece
-        }
-        next_cta();
       }
+      if (room <= 0 && cta < last_cta) next_cta();
+    } else {
+      for (int64_t r = 0; r < rows; r += in.rows_tile) {
+        const TileRef t = tile_of(in, b, q_row, r);
+        const int64_t n = grouped ? (static_cast<uint32_t>(in.kv_lens[b]) + kBlockN - 1) / kBlockN
+                                  : int64_t{t.tiles};
+        int64_t begin = 0;
+        int32_t first_partial = 0;
+        const int32_t first_piece = num_units;
+        const auto put = [&](int64_t end, int32_t partial) __attribute__((always_inline)) {
+          if (num_units >= max_units) [[unlikely]] {
+            overflow = true;
+            return;
+          }
+          store_unit(units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units), t, begin,
+                     end, partial);
+          if (pieces != nullptr) {
+            pieces[num_units] = Piece{b, static_cast<int32_t>(q_row), static_cast<int32_t>(begin),
+                                      static_cast<int32_t>(end), cta, 0};
+          }
+          ++num_units;
+        };
+        while (!overflow) {
+          const int64_t left = n - begin;
+          if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
+            const bool split = begin > 0;
+            put(n, split ? next_partial : -1);
+            if (split) {
+              ++next_partial;
+              store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                     I32x4{t.head[1], t.head[2], first_partial, next_partial - first_partial});
+            }
+            room -= left + kUnitCost;
+            unassigned -= left + kUnitCost;
+            break;
+          }
+          const int64_t take = room - kUnitCost;
+          if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+            if (begin == 0) first_partial = next_partial;
+            put(begin + take, next_partial++);
+            begin += take;
+            unassigned -= take;  // the item's unit cost leaves with its last piece
+          }
+          next_cta();
+        }
+        if (overflow) break;
+        if (pieces != nullptr) pieces[first_piece].item_pieces = num_units - first_piece;
+        if (room <= 0 && cta < last_cta) next_cta();
+        if (grouped) break;  // the other row tiles follow in the other groups
+      }
+      q_row += rows;
     }
-    if (room <= 0 && cta < last_cta) next_cta();
   }
-  state.cta = cta;
-  state.room = room;
-  state.unassigned = unassigned;
-  state.num_units = num_units;
-  state.num_combines = num_combines;
-  state.next_partial = next_partial;
+  out.num_units = num_units;
+  out.num_combines = num_combines;
+  out.next_partial = next_partial;
+  out.next_cta = cta + 1;
+  out.overflow = overflow;
+}
+
+// Groups 1.. of a grouped schedule with several queries per request: group g owns CTAs
+// [g * ctas_per_group, ...) and replays the first group's pieces with row tile g of each
+// request that has one (pieces: the first group's, one per unit). Combines: fewer than num_ctas
+// (each split item of each group moved its group's cut past a CTA).
+void replay_groups(const Batch& in, int groups, int ctas_per_group, const Piece* pieces,
+                   PlanOut& out) {
+  std::byte* const units_out = out.units;
+  std::byte* const combines_out = out.combines;
+  std::byte* const cta_begin_out = out.cta_begin;
+  const int64_t max_units = out.max_units;
+  const int32_t units0 = out.num_units;
+  int32_t num_units = units0, num_combines = out.num_combines, next_partial = out.next_partial;
+  int next_cta = out.next_cta;
+  bool overflow = false;
+  for (int g = 1; g < groups && !overflow; ++g) {
+    const int cta0 = g * ctas_per_group;
+    const int64_t r = int64_t{g} * in.rows_tile;
+    for (int32_t k = 0; k < units0 && !overflow;) {
+      const Piece first = pieces[k];
+      const int32_t end = k + first.item_pieces;
+      if (int64_t{in.q_lens[first.request]} * in.heads > r) {  // the request has row tile g
+        const TileRef t = tile_of(in, first.request, first.q_row, r);
+        const bool split = first.item_pieces > 1;
+        if (split) {
+          store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                 I32x4{t.head[1], t.head[2], next_partial, first.item_pieces});
+        }
+        for (; k < end; ++k) {
+          const Piece& pc = pieces[k];
+          for (; next_cta <= cta0 + pc.cta; ++next_cta) {
+            store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(next_cta),
+                      num_units);
+          }
+          if (num_units >= max_units) [[unlikely]] {
+            overflow = true;
+            break;
+          }
+          store_unit(units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++), t,
+                     pc.begin_tile, pc.end_tile, split ? next_partial++ : -1);
+        }
+      }
+      k = end;
+    }
+  }
+  out.num_units = num_units;
+  out.num_combines = num_combines;
+  out.next_partial = next_partial;
+  out.next_cta = next_cta;
+  out.overflow = overflow;
+}
+
+// Group 1 of 128-head decode: every request has one query, so both row tiles of a request see
+// the same keys, and group 1's units, combines and CTA begins are group 0's moved by one row
+// tile (rows_tile rows; partial slots after group 0's).
+void copy_group(int rows_tile, int ctas_per_group, PlanOut& out) {
+  std::byte* const units_out = out.units;
+  std::byte* const combines_out = out.combines;
+  std::byte* const cta_begin_out = out.cta_begin;
+  const int32_t units0 = out.num_units, combines0 = out.num_combines, partials0 = out.next_partial;
+  if (int64_t{units0} * 2 > out.max_units) [[unlikely]] {
+    out.num_units = static_cast<int32_t>(out.max_units);
+    out.overflow = true;
+    return;
+  }
+  for (int c = out.next_cta; c < ctas_per_group; ++c) {
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), units0);
+  }
+  const I32x4 row_step{0, rows_tile, 0, rows_tile};
+  for (int32_t i = 0; i < units0; ++i) {
+    const std::byte* src = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i);
+    std::byte* dst = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i + units0);
+    I32x4 head, lens, tail;
+    std::memcpy(&head, src, 16);
+    std::memcpy(&lens, src + 16, 16);
+    std::memcpy(&tail, src + 32, 16);
+    tail[0] += tail[0] >= 0 ? partials0 : 0;
+    store4(dst, head + row_step);
+    store4(dst + 16, lens);
+    store4(dst + 32, tail);
+  }
+  const I32x4 combine_step{rows_tile, 0, partials0, 0};
+  for (int32_t i = 0; i < combines0; ++i) {
+    I32x4 c;
+    std::memcpy(&c, combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i), 16);
+    store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i + combines0),
+           c + combine_step);
+  }
+  for (int c = 0; c < ctas_per_group; ++c) {
+    int32_t b0;
+    std::memcpy(&b0, cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), 4);
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(ctas_per_group + c),
+              b0 + units0);
+  }
+  out.next_cta = 2 * ctas_per_group;
+  out.num_units = 2 * units0;
+  out.num_combines = 2 * combines0;
+  out.next_partial = 2 * partials0;
 }
 
 }  // namespace
@@ -280,296 +481,76 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   // so the row tiles of a request read the same keys at the same time and share them in L2
   // (otherwise 128-head decode reads the cache twice from DRAM: 2 x 1152 B per key).
   // Items cut across one group's CTAs: requests (grouped; a request's cost is that of its
-  // longest row tile, the last one) or row tiles (ungrouped).
+  // longest row tile, the last one, which sees all kv_len keys) or row tiles (ungrouped).
   const int groups =
       max_tiles_per_req >= 2 && max_tiles_per_req <= 4 && num_ctas >= 2 * max_tiles_per_req
           ? max_tiles_per_req : 1;
   const int ctas_per_group = num_ctas / groups;
+  const Batch in{q_lens, kv_lens, req_rows, bs, heads, heads_log2, rows_tile, causal};
 
-  // The row tile of request b starting at row r of the request.
-  const auto tile_of = [&](int b, int64_t q_row, int64_t r) {
-    const int32_t ql = q_lens[b], kl = kv_lens[b];
-    const int64_t rows = int64_t{ql} * heads;
-    const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(rows_tile, rows - r));
-    const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> heads_log2);
-    TileRef t;
-    t.head = I32x4{req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
-    t.lens = I32x4{ql, kl, 0, 0};
-    t.extent = causal && kl > 0 ? kl - ql + last_query + 1 : kl;
-    t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
-    return t;
-  };
-
-  // Cost of all items. Requests of one row tile: that tile sees all kv_len keys (its last row is
-  // the last query), so request_cost is exact; ungrouped requests of several row tiles are cut
-  // tile by tile.
+  // Cost of all items: request_cost when every request is one item (grouped, or one row tile
+  // each: that tile sees all kv_len keys), else the sum over row tiles.
   int64_t total_cost = request_cost;
   if (groups == 1 && max_tiles_per_req > 1) {
     total_cost = 0;
     int64_t q_row = 0;
     for (int b = 0; b < bs; ++b) {
       const int64_t rows = int64_t{q_lens[b]} * heads;
-      for (int64_t r = 0; r < rows; r += rows_tile) total_cost += tile_of(b, q_row, r).tiles + kUnitCost;
+      for (int64_t r = 0; r < rows; r += rows_tile) {
+        total_cost += tile_of(in, b, q_row, r).tiles + kUnitCost;
+      }
       q_row += rows;
     }
   }
 
   std::byte* const base = host_plan.data();
-  std::byte* const units_out = base + layout.units_offset;
-  std::byte* const combines_out = base + layout.combines_offset;
-  std::byte* const cta_begin_out = base + layout.cta_begin_offset;
-  const int64_t max_units = layout.max_units;
-  const int64_t max_combines = layout.max_combines;
-  int32_t num_units = 0, num_combines = 0, next_partial = 0;
-
-  // One unit of tile t over key tiles [begin, end), written in place as three 16-byte stores.
-  // Bounds-checked as it is written (the layout's max_units bounds them; exceeding it is a bug).
-  bool overflow = false;
-  const auto emit = [&](const TileRef& t, int64_t begin, int64_t end, int32_t partial) {
-    if (num_units >= max_units) [[unlikely]] {
-      overflow = true;
-      return;
+  PlanOut out{base + layout.units_offset, base + layout.combines_offset,
+              base + layout.cta_begin_offset, layout.max_units};
+  // 2. The cut, once for all groups, writing the first group's units. 3. The other groups.
+  const bool decode = max_q == 1 && (groups > 1 || max_tiles_per_req <= 1);
+  if (decode) {
+    cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
+    if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
+  } else if (groups > 1) {
+    // Scratch reused across plans on this thread: after the first plans of the largest batch,
+    // planning allocates nothing (a serving loop plans every step).
+    thread_local PlanScratch scratch;
+    std::vector<Piece>& pieces = scratch.pieces;
+    if (pieces.size() < static_cast<std::size_t>(layout.max_units)) {
+      pieces.resize(static_cast<std::size_t>(layout.max_units));
     }
-    const int64_t kv_begin = std::min<int64_t>(begin, t.tiles) * kBlockN;
-    const int64_t kv_end = std::max<int64_t>(std::min<int64_t>(end * kBlockN, t.extent), kv_begin);
-    I32x4 lens = t.lens;
-    lens[2] = static_cast<int32_t>(kv_begin);
-    lens[3] = static_cast<int32_t>(kv_end);
-    std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
-    store4(u, t.head);
-    store4(u + 16, lens);
-    store4(u + 32, I32x4{partial, 0, 0, 0});
-  };
-  // A combine of tile t over partial slots [first, first + count).
-  const auto emit_combine = [&](const TileRef& t, int32_t first, int32_t count) {
-    if (num_combines >= max_combines) [[unlikely]] {
-      overflow = true;
-      return;
-    }
-    store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
-           I32x4{t.head[1], t.head[2], first, count});
-  };
-
-  // 2. Contiguous cutting of the flattened (item, key tile) list into equal shares, once for
-  // all groups, writing the first group's units as the pieces come (CTA-major, no sort). Each
-  // CTA's share is re-derived from the work still unassigned, so pieces left unused by the
-  // no-tiny-piece rule spread over the remaining CTAs instead of piling up on the last one.
-  // A tile cut into several pieces writes partial slots that one combine merges.
-  int64_t unassigned = total_cost;
-  const auto share = [&](int c) {
-    return std::max<int64_t>(ceil_div(unassigned, ctas_per_group - c), kMinPieceTiles + kUnitCost);
-  };
-  int cta = 0;
-  int64_t room = share(0);
-  store_i32(cta_begin_out, 0);
-  const int last_cta = ctas_per_group - 1;
-  const auto next_cta_of_cut = [&] {
-    ++cta;
-    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
-    room = share(cta);
-  };
-  // Groups after the first replay the first group's pieces with their own row tiles: directly
-  // from its units when every request has one query (all row tiles alike), else from a list.
-  const bool replay_units = groups > 1 && max_q == 1;
-  const bool keep_pieces = groups > 1 && !replay_units;
-  thread_local PlanScratch scratch;
-  std::vector<Piece>& pieces = scratch.pieces;
-  pieces.clear();
-
-  // Cuts item (tile t, n key tiles): its pieces, in CTA order.
-  const auto cut = [&](const TileRef& t, int64_t n, int b, int64_t q_row) {
-    int64_t begin = 0;
-    int32_t first_partial = 0;
-    const std::size_t first_piece = pieces.size();
-    const auto piece = [&](int64_t end, int32_t partial) {
-      emit(t, begin, end, partial);
-      if (keep_pieces) {
-        pieces.push_back({b, static_cast<int32_t>(q_row), static_cast<int32_t>(begin),
-                          static_cast<int32_t>(end), cta, 0});
-      }
-    };
-    while (true) {
-      const int64_t left = n - begin;
-      // Slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind.
-      if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
-        const bool split = begin > 0;
-        piece(n, split ? next_partial++ : -1);
-        if (split) emit_combine(t, first_partial, next_partial - first_partial);
-        room -= left + kUnitCost;
-        unassigned -= left + kUnitCost;
-        break;
-      }
-      const int64_t take = room - kUnitCost;
-      if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
-        if (begin == 0) first_partial = next_partial;
-        piece(begin + take, next_partial++);
-        begin += take;
-        unassigned -= take;  // the item's unit cost leaves with its last piece
-      }
-      next_cta_of_cut();
-    }
-    if (keep_pieces) pieces[first_piece].item_pieces = static_cast<int32_t>(pieces.size() - first_piece);
-    if (room <= 0 && cta < last_cta) next_cta_of_cut();
-  };
-
-  if (max_q == 1 && (groups > 1 || max_tiles_per_req <= 1)) {
-    // Decode: every request 0 or 1 query, one item per request with a query (grouped at 128
-    // heads: its first row tile; group 1 follows in step 3).
-    CutState st;
-    st.cta = cta;
-    st.room = room;
-    st.unassigned = unassigned;
-    cut_decode(q_lens, kv_lens, req_rows, bs, heads, std::min(rows_tile, heads), ctas_per_group,
-               PlanOut{units_out, combines_out, cta_begin_out}, st);
-    cta = st.cta;
-    room = st.room;
-    unassigned = st.unassigned;
-    num_units = st.num_units;
-    num_combines = st.num_combines;
-    next_partial = st.next_partial;
-  } else if (groups > 1 || max_tiles_per_req <= 1) {
-    // One item per request with rows: its first row tile (grouped: the others follow in step 3)
-    // costs the key tiles of its last one, which sees all kv_len keys. Most items fit whole in
-    // the CTA being filled: that case is written here, the rest are cut piece by piece.
-    int64_t q_row = 0;
-    for (int b = 0; b < bs; ++b) {
-      const int32_t ql = q_lens[b], kl = kv_lens[b];
-      const int64_t rows = int64_t{ql} * heads;
-      if (rows > 0) {
-        const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
-        const TileRef t = tile_of(b, q_row, 0);
-        if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
-          if (num_units >= max_units) [[unlikely]] {
-            overflow = true;
-            break;
-          }
-          std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
-          store4(u, t.head);
-          store4(u + 16, I32x4{ql, kl, 0, t.extent});  // keys [0, extent): the whole tile
-          store4(u + 32, I32x4{-1, 0, 0, 0});
-          if (keep_pieces) {
-            pieces.push_back({b, static_cast<int32_t>(q_row), 0, static_cast<int32_t>(n), cta, 1});
-          }
-          room -= n + kUnitCost;
-          unassigned -= n + kUnitCost;
-          if (room <= 0 && cta < last_cta) next_cta_of_cut();
-        } else {
-          cut(t, n, b, q_row);
-        }
-      }
-      q_row += rows;
-    }
+    cut_group<false>(in, true, ctas_per_group, total_cost, pieces.data(), out);
+    if (!out.overflow) replay_groups(in, groups, ctas_per_group, pieces.data(), out);
   } else {
-    int64_t q_row = 0;
-    for (int b = 0; b < bs; ++b) {
-      const int64_t rows = int64_t{q_lens[b]} * heads;
-      for (int64_t r = 0; r < rows; r += rows_tile) {
-        const TileRef t = tile_of(b, q_row, r);
-        cut(t, t.tiles, b, q_row);
-      }
-      q_row += rows;
-    }
+    cut_group<false>(in, false, ctas_per_group, total_cost, nullptr, out);
   }
-  // CTAs of the first group after the last one cut begin at the end of its units.
-  int next_cta = cta + 1;  // CTAs before next_cta have their begin written
-  const auto begin_ctas_through = [&](int owner) {
-    for (; next_cta <= owner; ++next_cta) {
-      store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(next_cta), num_units);
-    }
-  };
-
-  // 3. The other groups: group g owns CTAs [g * ctas_per_group, ...).
-  if (replay_units) {
-    // Every request has one query, so max_tiles_per_req == groups == 2 (128 heads), and both row
-    // tiles of a request see the same keys: group 1's units, combines and CTA begins are group
-    // 0's moved by one row tile (rows_tile rows; partial slots after group 0's).
-    const int32_t units0 = num_units, combines0 = num_combines, partials0 = next_partial;
-    begin_ctas_through(ctas_per_group - 1);
-    if (int64_t{units0} * groups > max_units) [[unlikely]] {
-      num_units = static_cast<int32_t>(max_units);
-      overflow = true;
-    } else if (int64_t{combines0} * groups > max_combines) [[unlikely]] {
-      overflow = true;
-    } else {
-      const I32x4 row_step{0, rows_tile, 0, rows_tile};
-      for (int32_t i = 0; i < units0; ++i) {
-        const std::byte* src = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i);
-        std::byte* dst = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i + units0);
-        I32x4 head, lens, tail;
-        std::memcpy(&head, src, 16);
-        std::memcpy(&lens, src + 16, 16);
-        std::memcpy(&tail, src + 32, 16);
-        tail[0] += tail[0] >= 0 ? partials0 : 0;
-        store4(dst, head + row_step);
-        store4(dst + 16, lens);
-        store4(dst + 32, tail);
-      }
-      const I32x4 combine_step{rows_tile, 0, partials0, 0};
-      for (int32_t i = 0; i < combines0; ++i) {
-        const std::byte* src = combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i);
-        I32x4 c;
-        std::memcpy(&c, src, 16);
-        store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i + combines0),
-               c + combine_step);
-      }
-      for (int c = 0; c < ctas_per_group; ++c) {
-        int32_t begin;
-        std::memcpy(&begin, cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), 4);
-        store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(ctas_per_group + c),
-                  begin + units0);
-      }
-      next_cta = 2 * ctas_per_group;
-      num_units = 2 * units0;
-      num_combines = 2 * combines0;
-      next_partial = 2 * partials0;
-    }
-  } else if (keep_pieces) {
-    const std::size_t num_pieces = pieces.size();
-    for (int g = 1; g < groups && !overflow; ++g) {
-      const int cta0 = g * ctas_per_group;
-      const int64_t r = int64_t{g} * rows_tile;
-      for (std::size_t k = 0; k < num_pieces;) {
-        const Piece first = pieces[k];
-        const std::size_t end = k + static_cast<std::size_t>(first.item_pieces);
-        if (int64_t{q_lens[first.request]} * heads > r) {  // the request has row tile g
-          const TileRef t = tile_of(first.request, first.q_row, r);
-          const bool split = first.item_pieces > 1;
-          if (split) emit_combine(t, next_partial, first.item_pieces);
-          for (; k < end; ++k) {
-            const Piece& pc = pieces[k];
-            begin_ctas_through(cta0 + pc.cta);
-            emit(t, pc.begin_tile, pc.end_tile, split ? next_partial++ : -1);
-          }
-        }
-        k = end;
-      }
-    }
-  }
-  if (overflow && num_units >= max_units) {
+  if (out.overflow) {
     return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
   }
-  if (overflow || next_partial > max_partials(num_ctas)) {
+  if (out.next_partial > max_partials(num_ctas)) {
     return internal_error("absorbed plan overflow: {} combines (max {}), {} partials (max {})",
-                          num_combines, layout.max_combines, next_partial,
+                          out.num_combines, layout.max_combines, out.next_partial,
                           max_partials(num_ctas));
   }
-  begin_ctas_through(num_ctas);
+  for (int c = out.next_cta; c <= num_ctas; ++c) {
+    store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(c), out.num_units);
+  }
 
   PlanHeader h{};
   h.num_ctas = num_ctas;
   h.rows_per_tile = rows_tile;
-  h.num_units = num_units;
-  h.num_combines = num_combines;
+  h.num_units = out.num_units;
+  h.num_combines = out.num_combines;
   h.num_heads = heads;
   h.page_size = p.page_size;
   h.causal = causal ? 1 : 0;
-  h.num_partials = next_partial;
+  h.num_partials = out.next_partial;
   h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
   h.units_offset = static_cast<int32_t>(layout.units_offset);
   h.combines_offset = static_cast<int32_t>(layout.combines_offset);
   std::memcpy(base, &h, sizeof(h));
   // Bytes through the last combine written: the upload can stop there.
-  return layout.combines_offset + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines);
+  return layout.combines_offset + sizeof(CombineUnit) * static_cast<std::size_t>(out.num_combines);
 }
 
 }  // namespace mla::cuda::absorbed
