@@ -28,7 +28,15 @@ constexpr int64_t kMinPieceTiles = 2;
 typedef int32_t I32x4 __attribute__((vector_size(16)));
 static_assert(sizeof(WorkUnit) == 3 * sizeof(I32x4) && sizeof(CombineUnit) == sizeof(I32x4));
 
+typedef uint64_t U64x2 __attribute__((vector_size(16)));
+
 inline void store4(std::byte* dst, I32x4 v) { std::memcpy(dst, &v, sizeof(v)); }
+// Lanes {a, b} as one 64-bit value (a in the low half, as in memory on a little-endian host).
+inline uint64_t pair(int32_t a, int32_t b) {
+  return static_cast<uint32_t>(a) | uint64_t{static_cast<uint32_t>(b)} << 32;
+}
+// {lo.a, lo.b, hi.a, hi.b}: two 64-bit moves and one unpack, cheaper than four lane inserts.
+inline I32x4 quad(uint64_t lo, uint64_t hi) { return reinterpret_cast<I32x4>(U64x2{lo, hi}); }
 inline void store_i32(std::byte* dst, int32_t v) { std::memcpy(dst, &v, sizeof(v)); }
 
 // ceil(a / d) for 0 <= a and 1 <= d <= kRecipMax without a hardware divide: a divide per CTA
@@ -114,7 +122,7 @@ struct PlanScratch {
 };
 
 // max(ceil(unassigned / CTAs left), kMinPieceTiles + kUnitCost): the share of CTA c of a group.
-inline int64_t share_of(int64_t unassigned, int ctas_per_group, int c) {
+__attribute__((always_inline)) inline int64_t share_of(int64_t unassigned, int ctas_per_group, int c) {
   return std::max<int64_t>(ceil_div(unassigned, ctas_per_group - c), kMinPieceTiles + kUnitCost);
 }
 
@@ -147,8 +155,9 @@ struct PlanOut {
 // Combines need no bound check: each split item moves the cut past a CTA, so there are fewer
 // than num_ctas = max_combines. Units are checked against max_units.
 template <bool kDecode>
-void cut_group(const Batch& in, bool grouped, int ctas_per_group, int64_t total_cost,
+__attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int ctas_per_group, int64_t total_cost,
                Piece* pieces, PlanOut& out) {
+  const Batch in = in_ref;  // a local copy: not reloaded after each store through std::byte*
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
   std::byte* const cta_begin_out = out.cta_begin;
@@ -165,6 +174,7 @@ void cut_group(const Batch& in, bool grouped, int ctas_per_group, int64_t total_
     room = share_of(unassigned, ctas_per_group, cta);
   };
   bool overflow = false;
+  std::byte* unit_at = units_out;  // the next unit (decode)
   int64_t q_row = 0;
   for (int b = 0; b < in.bs && !overflow; ++b) {
     const int32_t ql = in.q_lens[b];
@@ -179,14 +189,16 @@ void cut_group(const Batch& in, bool grouped, int ctas_per_group, int64_t total_
       const int32_t kl = in.kv_lens[b];
       const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
       const int32_t tile_rows = std::min(in.rows_tile, in.heads);
-      const I32x4 head{in.req_rows[b], static_cast<int32_t>(q_row), tile_rows, 0};
+      const I32x4 head = quad(pair(in.req_rows[b], static_cast<int32_t>(q_row)), pair(tile_rows, 0));
+      const uint64_t lens = pair(1, kl);
       q_row += rows;
       const auto put = [&](int64_t begin, int32_t end, int32_t partial)
                            __attribute__((always_inline)) {
-        std::byte* u = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
-        store4(u, head);
-        store4(u + 16, I32x4{1, kl, static_cast<int32_t>(begin * kBlockN), end});
-        store4(u + 32, I32x4{partial, 0, 0, 0});
+        store4(unit_at, head);
+        store4(unit_at + 16, quad(lens, pair(static_cast<int32_t>(begin * kBlockN), end)));
+        store4(unit_at + 32, quad(static_cast<uint32_t>(partial), 0));
+        unit_at += sizeof(WorkUnit);
+        ++num_units;
       };
       if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
         put(0, kl, -1);  // the whole request in this CTA
@@ -282,8 +294,9 @@ void cut_group(const Batch& in, bool grouped, int ctas_per_group, int64_t total_
 // [g * ctas_per_group, ...) and replays the first group's pieces with row tile g of each
 // request that has one (pieces: the first group's, one per unit). Combines: fewer than num_ctas
 // (each split item of each group moved its group's cut past a CTA).
-void replay_groups(const Batch& in, int groups, int ctas_per_group, const Piece* pieces,
+__attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, int ctas_per_group, const Piece* pieces,
                    PlanOut& out) {
+  const Batch in = in_ref;
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
   std::byte* const cta_begin_out = out.cta_begin;
@@ -332,7 +345,7 @@ void replay_groups(const Batch& in, int groups, int ctas_per_group, const Piece*
 // Group 1 of 128-head decode: every request has one query, so both row tiles of a request see
 // the same keys, and group 1's units, combines and CTA begins are group 0's moved by one row
 // tile (rows_tile rows; partial slots after group 0's).
-void copy_group(int rows_tile, int ctas_per_group, PlanOut& out) {
+__attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, PlanOut& out) {
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
   std::byte* const cta_begin_out = out.cta_begin;
@@ -345,7 +358,7 @@ void copy_group(int rows_tile, int ctas_per_group, PlanOut& out) {
   for (int c = out.next_cta; c < ctas_per_group; ++c) {
     store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), units0);
   }
-  const I32x4 row_step{0, rows_tile, 0, rows_tile};
+  const I32x4 row_step{0, rows_tile, 0, rows_tile}, partial_step{partials0, 0, 0, 0};
   for (int32_t i = 0; i < units0; ++i) {
     const std::byte* src = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i);
     std::byte* dst = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i + units0);
@@ -353,7 +366,7 @@ void copy_group(int rows_tile, int ctas_per_group, PlanOut& out) {
     std::memcpy(&head, src, 16);
     std::memcpy(&lens, src + 16, 16);
     std::memcpy(&tail, src + 32, 16);
-    tail[0] += tail[0] >= 0 ? partials0 : 0;
+    tail += (tail >= 0) & partial_step;  // split units only (lanes 1-3 are 0)
     store4(dst, head + row_step);
     store4(dst + 16, lens);
     store4(dst + 32, tail);
