@@ -27,8 +27,8 @@ using cuda::absorbed::CombineUnit;
 using cuda::absorbed::PlanHeader;
 using cuda::absorbed::WorkUnit;
 
-// The planner as of commit 25ee00c (before the fused single-pass rewrite), kept verbatim but for
-// its name and a non-thread_local scratch: the reference the current planner must match byte for
+// The planner as of commit 25ee00c (before the single-pass rewrite), kept as it was but for its
+// name and a non-thread_local scratch: the reference the current planner must match byte for
 // byte (header, CTA begins, units and combines).
 namespace reference {
 using namespace ::mla::cuda::absorbed;
@@ -72,8 +72,8 @@ struct PlanScratch {
   }
 };
 
-StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnCapacity& cap, int num_ctas,
-                                 std::span<std::byte> host_plan) {
+StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnCapacity& cap,
+                                           int num_ctas, std::span<std::byte> host_plan) {
   const int bs = static_cast<int>(p.req_rows.size());
   MLA_CHECK_ARG(num_ctas > 0, "num_ctas = {} must be positive", num_ctas);
   MLA_CHECK_ARG(is_supported_head_count(p.num_heads), "num_heads = {} (supported: 16, 32, 64, 128)",

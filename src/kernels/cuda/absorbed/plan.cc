@@ -29,6 +29,7 @@ typedef int32_t I32x4 __attribute__((vector_size(16)));
 static_assert(sizeof(WorkUnit) == 3 * sizeof(I32x4) && sizeof(CombineUnit) == sizeof(I32x4));
 
 typedef uint64_t U64x2 __attribute__((vector_size(16)));
+static_assert(std::endian::native == std::endian::little, "quad() puts lane 0 in the low half");
 
 inline void store4(std::byte* dst, I32x4 v) { std::memcpy(dst, &v, sizeof(v)); }
 // Lanes {a, b} as one 64-bit value (a in the low half, as in memory on a little-endian host).
@@ -38,28 +39,6 @@ inline uint64_t pair(int32_t a, int32_t b) {
 // {lo.a, lo.b, hi.a, hi.b}: two 64-bit moves and one unpack, cheaper than four lane inserts.
 inline I32x4 quad(uint64_t lo, uint64_t hi) { return reinterpret_cast<I32x4>(U64x2{lo, hi}); }
 inline void store_i32(std::byte* dst, int32_t v) { std::memcpy(dst, &v, sizeof(v)); }
-
-// ceil(a / d) for 0 <= a and 1 <= d <= kRecipMax without a hardware divide: a divide per CTA
-// of the cut sits on the cut's dependency chain (tens of cycles each). floor(a / d) ==
-// mulhi64(ceil(2^64 / d), a) exactly for a, d < 2^32 (Lemire, Kaser, Kurz 2019).
-constexpr int kRecipMax = 1024;
-__extension__ typedef unsigned __int128 U128;
-struct Reciprocals {
-  uint64_t m[kRecipMax + 1];
-  constexpr Reciprocals() : m{} {
-    for (int d = 2; d <= kRecipMax; ++d) m[d] = ~uint64_t{0} / static_cast<uint64_t>(d) + 1;
-  }
-};
-constexpr Reciprocals kRecip{};
-
-inline int64_t ceil_div(int64_t a, int64_t d) {
-  const uint64_t n = static_cast<uint64_t>(a) + static_cast<uint64_t>(d) - 1;
-  if (d >= 2 && d <= kRecipMax && n <= 0xffffffffu) [[likely]] {
-    return static_cast<int64_t>(
-        static_cast<uint64_t>((static_cast<U128>(kRecip.m[d]) * n) >> 64));
-  }
-  return (a + d - 1) / d;
-}
 
 // The batch as the cut reads it.
 struct Batch {
@@ -87,7 +66,8 @@ inline TileRef tile_of(const Batch& in, int b, int64_t q_row, int64_t r) {
   const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
   const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
   TileRef t;
-  t.head = I32x4{in.req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
+  t.head =
+      I32x4{in.req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
   t.lens = I32x4{ql, kl, 0, 0};
   t.extent = in.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
   t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
@@ -110,7 +90,7 @@ inline void store_unit(std::byte* u, const TileRef& t, int64_t begin, int64_t en
 // Piece of a grouped item (a request), kept for the groups after the first.
 struct Piece {
   int32_t request;
-  int32_t q_row;        // first flat row of the request
+  int32_t q_row;  // first flat row of the request
   int32_t begin_tile, end_tile;
   int32_t cta;          // within the group
   int32_t item_pieces;  // pieces of the item, on its first piece
@@ -122,8 +102,10 @@ struct PlanScratch {
 };
 
 // max(ceil(unassigned / CTAs left), kMinPieceTiles + kUnitCost): the share of CTA c of a group.
-__attribute__((always_inline)) inline int64_t share_of(int64_t unassigned, int ctas_per_group, int c) {
-  return std::max<int64_t>(ceil_div(unassigned, ctas_per_group - c), kMinPieceTiles + kUnitCost);
+__attribute__((always_inline)) inline int64_t share_of(int64_t unassigned, int ctas_per_group,
+                                                       int c) {
+  const int64_t left_ctas = ctas_per_group - c;
+  return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
 }
 
 // The plan's output regions and where the writing stands. The cut and the replay below are
@@ -155,8 +137,8 @@ struct PlanOut {
 // Combines need no bound check: each split item moves the cut past a CTA, so there are fewer
 // than num_ctas = max_combines. Units are checked against max_units.
 template <bool kDecode>
-__attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int ctas_per_group, int64_t total_cost,
-               Piece* pieces, PlanOut& out) {
+__attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int ctas_per_group,
+                                         int64_t total_cost, Piece* pieces, PlanOut& out) {
   const Batch in = in_ref;  // a local copy: not reloaded after each store through std::byte*
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
@@ -189,11 +171,12 @@ __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int 
       const int32_t kl = in.kv_lens[b];
       const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
       const int32_t tile_rows = std::min(in.rows_tile, in.heads);
-      const I32x4 head = quad(pair(in.req_rows[b], static_cast<int32_t>(q_row)), pair(tile_rows, 0));
+      const I32x4 head =
+          quad(pair(in.req_rows[b], static_cast<int32_t>(q_row)), pair(tile_rows, 0));
       const uint64_t lens = pair(1, kl);
       q_row += rows;
       const auto put = [&](int64_t begin, int32_t end, int32_t partial)
-                           __attribute__((always_inline)) {
+          __attribute__((always_inline)) {
         store4(unit_at, head);
         store4(unit_at + 16, quad(lens, pair(static_cast<int32_t>(begin * kBlockN), end)));
         store4(unit_at + 32, quad(static_cast<uint32_t>(partial), 0));
@@ -247,8 +230,12 @@ __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int 
           store_unit(units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units), t, begin,
                      end, partial);
           if (pieces != nullptr) {
-            pieces[num_units] = Piece{b, static_cast<int32_t>(q_row), static_cast<int32_t>(begin),
-                                      static_cast<int32_t>(end), cta, 0};
+            pieces[num_units] = Piece{b,
+                                      static_cast<int32_t>(q_row),
+                                      static_cast<int32_t>(begin),
+                                      static_cast<int32_t>(end),
+                                      cta,
+                                      0};
           }
           ++num_units;
         };
@@ -294,8 +281,8 @@ __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int 
 // [g * ctas_per_group, ...) and replays the first group's pieces with row tile g of each
 // request that has one (pieces: the first group's, one per unit). Combines: fewer than num_ctas
 // (each split item of each group moved its group's cut past a CTA).
-__attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, int ctas_per_group, const Piece* pieces,
-                   PlanOut& out) {
+__attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, int ctas_per_group,
+                                             const Piece* pieces, PlanOut& out) {
   const Batch in = in_ref;
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
@@ -397,8 +384,9 @@ PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
   l.num_ctas = num_ctas;
   const int64_t heads = std::max(cap.num_heads, 1);
   const int64_t min_rows = std::min<int64_t>(kMaxRows, std::max<int64_t>(16, heads));
-  const int64_t max_tiles = (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) /
-                                min_rows + std::max(cap.max_batch, 0);
+  const int64_t max_tiles =
+      (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) / min_rows +
+      std::max(cap.max_batch, 0);
   l.max_units = max_tiles + num_ctas;
   l.max_combines = num_ctas;
   l.cta_begin_offset = align_up(sizeof(PlanHeader));
@@ -431,8 +419,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
                 "num_heads = {} differs from the capacity's num_heads = {}", p.num_heads,
                 cap.num_heads);
-  MLA_CHECK_ARG(is_supported_page_size(p.page_size), "page_size = {} (supported: 1, 16, 32, 64, 128)",
-                p.page_size);
+  MLA_CHECK_ARG(is_supported_page_size(p.page_size),
+                "page_size = {} (supported: 1, 16, 32, 64, 128)", p.page_size);
   MLA_CHECK_ARG(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
                 "req_rows / q_lens / kv_lens sizes differ: {} / {} / {}", p.req_rows.size(),
                 p.q_lens.size(), p.kv_lens.size());
@@ -464,7 +452,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   for (int b = 0; b < bs; ++b) {
     const uint32_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
     q_sum += ql;
-    cost_sum += (((kl + kBlockN - 1) / kBlockN) + kUnitCost) & (0u - static_cast<uint32_t>(ql != 0));
+    cost_sum +=
+        (((kl + kBlockN - 1) / kBlockN) + kUnitCost) & (0u - static_cast<uint32_t>(ql != 0));
   }
   const bool bad = (sign_bits >> 31) != 0 || (causal && below_q != 0);
   const int64_t q_tokens = static_cast<int64_t>(q_sum);
@@ -497,7 +486,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   // longest row tile, the last one, which sees all kv_len keys) or row tiles (ungrouped).
   const int groups =
       max_tiles_per_req >= 2 && max_tiles_per_req <= 4 && num_ctas >= 2 * max_tiles_per_req
-          ? max_tiles_per_req : 1;
+          ? max_tiles_per_req
+          : 1;
   const int ctas_per_group = num_ctas / groups;
   const Batch in{q_lens, kv_lens, req_rows, bs, heads, heads_log2, rows_tile, causal};
 
