@@ -1,7 +1,8 @@
 // The CUDA absorbed op's host planner (src/kernels/cuda/absorbed/plan.cc): a pure host function,
 // built and tested in every configuration, GPU or not. Coverage (every (row, key) the causal mask
 // allows is planned exactly once), combines, partial bounds, balance over the persistent grid,
-// capacity errors, and deterministic re-planning (allocations per plan: bench/planning_bench.cc).
+// capacity errors, deterministic re-planning (allocations per plan: bench/planning_bench.cc), and
+// plans byte-identical to the planner before its rewrite (a copy kept here as the reference).
 #include <gtest/gtest.h>
 
 #include <algorithm>
