@@ -140,19 +140,21 @@ void args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Plan)->Apply(args)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // The CUDA absorbed op's host planner alone (pure host code, built without CUDA too): the split-KV
-// schedule over 132 persistent CTAs (an H200) for decode batches. args: heads, batch, max s_k.
+// schedule over 132 persistent CTAs (an H200) for decode (q_len 1) and speculative-verify
+// batches (q_len 2-8 per request). args: heads, batch, max s_k, q_len.
 // On the GPU the backend adds to this what BM_Plan measures around the cpu op's plan (validation,
 // collect, upload).
 void BM_CudaAbsorbedPlan(benchmark::State& state) {
   const int heads = static_cast<int>(state.range(0));
   const int bs = static_cast<int>(state.range(1));
   const int max_kv = static_cast<int>(state.range(2));
+  const int q_len = static_cast<int>(state.range(3));
   constexpr int kCtas = 132;
   testing::Rng rng(7);
   std::vector<int32_t> rows, q_lens, kv_lens;
   for (int b = 0; b < bs; ++b) {
     rows.push_back(b + 1);
-    q_lens.push_back(1);
+    q_lens.push_back(q_len);
     kv_lens.push_back(static_cast<int32_t>(rng.uniform_int(max_kv / 2, max_kv)));
   }
   AbsorbedProblem problem;
@@ -162,7 +164,7 @@ void BM_CudaAbsorbedPlan(benchmark::State& state) {
   problem.req_rows = rows;
   problem.q_lens = q_lens;
   problem.kv_lens = kv_lens;
-  const AttnCapacity cap{kMaxRequests, 2 * kMaxRequests, 0, 2, heads};
+  const AttnCapacity cap{kMaxRequests, 8 * kMaxRequests, 0, 8, heads};
   std::vector<std::byte> host_plan(cuda::absorbed::plan_layout(cap, kCtas).bytes);
   auto plan = [&] { return cuda::absorbed::build_plan(problem, cap, kCtas, host_plan); };
   for (int i = 0; i < 3; ++i) (void)plan();
@@ -183,10 +185,13 @@ void BM_CudaAbsorbedPlan(benchmark::State& state) {
   std::memcpy(&header, host_plan.data(), sizeof(header));
   state.counters["units"] = header.num_units;
   state.counters["combines"] = header.num_combines;
-  state.SetLabel(fmt::format("cuda absorbed plan h{} bs={} s_k<={}", heads, bs, max_kv));
+  state.SetLabel(
+      fmt::format("cuda absorbed plan h{} bs={} s_q={} s_k<={}", heads, bs, q_len, max_kv));
 }
 BENCHMARK(BM_CudaAbsorbedPlan)
-    ->ArgsProduct({{16, 128}, {1, 64, 256}, {8192}})
+    ->ArgsProduct({{16, 128}, {1, 64, 256}, {8192}, {1}})
+    ->ArgsProduct({{16, 128}, {64, 256}, {8192}, {2, 4}})
+    ->ArgsProduct({{16, 128}, {64}, {8192}, {8}})
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 

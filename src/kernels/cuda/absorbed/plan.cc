@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <new>
 #include <cstring>
 #include <vector>
 
@@ -24,39 +23,359 @@ constexpr int64_t kUnitCost = 1;
 // combine read of 64 x 512 fp32, the traffic of about two key tiles.
 constexpr int64_t kMinPieceTiles = 2;
 
-struct Tile {
-  int32_t request;
-  int32_t q_row_begin;
-  int32_t num_rows;
-  int32_t row_in_req;
-  int32_t kv_extent;  // keys the tile's last row sees
-  int64_t tiles;      // key tiles
+// A WorkUnit is three of these (48 bytes), a CombineUnit one: units are stored as three 16-byte
+// vectors built in registers instead of twelve 4-byte fields.
+typedef int32_t I32x4 __attribute__((vector_size(16)));
+static_assert(sizeof(WorkUnit) == 3 * sizeof(I32x4) && sizeof(CombineUnit) == sizeof(I32x4));
+
+typedef uint64_t U64x2 __attribute__((vector_size(16)));
+static_assert(std::endian::native == std::endian::little, "quad() puts lane 0 in the low half");
+
+inline void store4(std::byte* dst, I32x4 v) { std::memcpy(dst, &v, sizeof(v)); }
+// Lanes {a, b} as one 64-bit value (a in the low half, as in memory on a little-endian host).
+inline uint64_t pair(int32_t a, int32_t b) {
+  return static_cast<uint32_t>(a) | uint64_t{static_cast<uint32_t>(b)} << 32;
+}
+// {lo.a, lo.b, hi.a, hi.b}: two 64-bit moves and one unpack, cheaper than four lane inserts.
+inline I32x4 quad(uint64_t lo, uint64_t hi) { return reinterpret_cast<I32x4>(U64x2{lo, hi}); }
+inline void store_i32(std::byte* dst, int32_t v) { std::memcpy(dst, &v, sizeof(v)); }
+
+// The batch as the cut reads it.
+struct Batch {
+  const int32_t* q_lens;
+  const int32_t* kv_lens;
+  const int32_t* req_rows;
+  int bs;
+  int heads, heads_log2;
+  int rows_tile;
+  bool causal;
 };
 
+// One row tile of a request, as its units need it.
+struct TileRef {
+  I32x4 head;      // pool_row, q_row_begin, num_rows, row_in_req (the unit's first 16 bytes)
+  I32x4 lens;      // q_len, kv_len, -, - (the unit's second 16 bytes, less the key range)
+  int32_t extent;  // keys the tile's last row sees
+  int32_t tiles;   // key tiles: ceil(extent / kBlockN)
+};
+
+// The row tile of request b starting at row r of the request (q_row: the request's first row).
+inline TileRef tile_of(const Batch& in, int b, int64_t q_row, int64_t r) {
+  const int32_t ql = in.q_lens[b], kl = in.kv_lens[b];
+  const int64_t rows = int64_t{ql} * in.heads;
+  const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
+  const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
+  TileRef t;
+  t.head =
+      I32x4{in.req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
+  t.lens = I32x4{ql, kl, 0, 0};
+  t.extent = in.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
+  t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
+  return t;
+}
+
+// One unit of tile t over key tiles [begin, end), written as three 16-byte stores.
+inline void store_unit(std::byte* u, const TileRef& t, int64_t begin, int64_t end,
+                       int32_t partial) {
+  const int64_t kv_begin = std::min<int64_t>(begin, t.tiles) * kBlockN;
+  const int64_t kv_end = std::max<int64_t>(std::min<int64_t>(end * kBlockN, t.extent), kv_begin);
+  I32x4 lens = t.lens;
+  lens[2] = static_cast<int32_t>(kv_begin);
+  lens[3] = static_cast<int32_t>(kv_end);
+  store4(u, t.head);
+  store4(u + 16, lens);
+  store4(u + 32, I32x4{partial, 0, 0, 0});
+}
+
+// Piece of a grouped item (a request), kept for the groups after the first.
 struct Piece {
-  int64_t begin_tile, end_tile;
-  int cta;
+  int32_t request;
+  int32_t q_row;  // first flat row of the request
+  int32_t begin_tile, end_tile;
+  int32_t cta;          // within the group
+  int32_t item_pieces;  // pieces of the item, on its first piece
 };
 
-// Reusable vectors of one planning thread (clear() keeps their capacity).
+// Reusable vectors of one planning thread (resize() keeps their capacity).
 struct PlanScratch {
-  std::vector<Tile> tiles;
-  std::vector<int32_t> first_tile;  // tiles of request b: [first_tile[b], first_tile[b + 1])
-  std::vector<int64_t> item_tiles;
   std::vector<Piece> pieces;
-  std::vector<int32_t> piece_begin;  // pieces of item i: [piece_begin[i], piece_begin[i + 1])
-  std::vector<int32_t> cta_begin;    // [num_ctas + 1]
-  std::vector<CombineUnit> combines;
-
-  void reset(int bs, int num_ctas) {
-    tiles.clear();
-    first_tile.assign(static_cast<std::size_t>(bs) + 1, 0);
-    item_tiles.clear();
-    pieces.clear();
-    cta_begin.resize(static_cast<std::size_t>(num_ctas) + 1);
-    combines.clear();
-  }
 };
+
+// max(ceil(unassigned / CTAs left), kMinPieceTiles + kUnitCost): the share of CTA c of a group.
+__attribute__((always_inline)) inline int64_t share_of(int64_t unassigned, int ctas_per_group,
+                                                       int c) {
+  const int64_t left_ctas = ctas_per_group - c;
+  return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
+}
+
+// The plan's output regions and where the writing stands. The cut and the replay below are
+// functions of their own that copy these counters into locals: kept in registers, they are not
+// reloaded after every unit store (stores through std::byte* may alias anything in memory).
+struct PlanOut {
+  std::byte* units;
+  std::byte* combines;
+  std::byte* cta_begin;
+  int64_t max_units;
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+  int next_cta = 0;  // CTAs before next_cta have their begin written
+  bool overflow = false;
+};
+
+// Contiguous cutting of the flattened (item, key tile) list of one group into equal shares:
+// CTA c of the group gets max(ceil(unassigned work / CTAs left), kMinPieceTiles + kUnitCost),
+// re-derived from the work still unassigned, so pieces left unused by the no-tiny-piece rule
+// spread over the remaining CTAs instead of piling up on the last one. An item that fits (with
+// a slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind) ends in
+// the CTA; else a piece is cut off (unless a piece under kMinPieceTiles would be left) and the
+// cut moves to the next CTA. A tile cut into several pieces writes partial slots that one
+// combine merges. Units are written as the pieces come, CTA-major.
+//
+// Items: one per request with rows (grouped: its first row tile, costed by its last row tile,
+// which sees all kv_len keys) or one per row tile (ungrouped). pieces (grouped with several
+// queries only): one per unit written, for the other groups.
+//
+// Combines need no bound check: each split item moves the cut past a CTA, so there are fewer
+// than num_ctas = max_combines. Units are checked against max_units.
+template <bool kDecode>
+__attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int ctas_per_group,
+                                         int64_t total_cost, Piece* pieces, PlanOut& out) {
+  const Batch in = in_ref;  // a local copy: not reloaded after each store through std::byte*
+  std::byte* const units_out = out.units;
+  std::byte* const combines_out = out.combines;
+  std::byte* const cta_begin_out = out.cta_begin;
+  const int64_t max_units = out.max_units;
+  const int last_cta = ctas_per_group - 1;
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+  int cta = 0;
+  int64_t unassigned = total_cost;
+  int64_t room = share_of(unassigned, ctas_per_group, 0);
+  store_i32(cta_begin_out, 0);
+  const auto next_cta = [&]() __attribute__((always_inline)) {
+    ++cta;
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
+    room = share_of(unassigned, ctas_per_group, cta);
+  };
+  bool overflow = false;
+  std::byte* unit_at = units_out;  // the next unit (decode)
+  int64_t q_row = 0;
+  for (int b = 0; b < in.bs && !overflow; ++b) {
+    const int32_t ql = in.q_lens[b];
+    const int64_t rows = int64_t{ql} * in.heads;
+    if constexpr (kDecode) {
+      // Decode (every request 0 or 1 query; bs + ctas_per_group - 1 units at most, under
+      // max_batch + num_ctas <= max_units: no check). The item's first row tile has
+      // tile_rows = min(rows_tile, heads) rows and sees all kv_len keys: a piece [b, e) of key
+      // tiles covers keys [64 b, min(64 e, kv_len)), and a piece cut off before the last ends
+      // below kv_len.
+      if (ql == 0) continue;
+      const int32_t kl = in.kv_lens[b];
+      const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
+      const int32_t tile_rows = std::min(in.rows_tile, in.heads);
+      const I32x4 head =
+          quad(pair(in.req_rows[b], static_cast<int32_t>(q_row)), pair(tile_rows, 0));
+      const uint64_t lens = pair(1, kl);
+      q_row += rows;
+      const auto put = [&](int64_t begin, int32_t end, int32_t partial)
+          __attribute__((always_inline)) {
+        store4(unit_at, head);
+        store4(unit_at + 16, quad(lens, pair(static_cast<int32_t>(begin * kBlockN), end)));
+        store4(unit_at + 32, quad(static_cast<uint32_t>(partial), 0));
+        unit_at += sizeof(WorkUnit);
+        ++num_units;
+      };
+      if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
+        put(0, kl, -1);  // the whole request in this CTA
+        room -= n + kUnitCost;
+        unassigned -= n + kUnitCost;
+      } else {
+        int64_t begin = 0;
+        const int32_t first_partial = next_partial;
+        while (true) {
+          const int64_t left = n - begin;
+          if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
+            const bool split = begin > 0;
+            put(begin, kl, split ? next_partial : -1);
+            if (split) {
+              ++next_partial;
+              store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                     I32x4{head[1], tile_rows, first_partial, next_partial - first_partial});
+            }
+            room -= left + kUnitCost;
+            unassigned -= left + kUnitCost;
+            break;
+          }
+          const int64_t take = room - kUnitCost;
+          if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+            put(begin, static_cast<int32_t>((begin + take) * kBlockN), next_partial++);
+            begin += take;
+            unassigned -= take;  // the item's unit cost leaves with its last piece
+          }
+          next_cta();
+        }
+      }
+      if (room <= 0 && cta < last_cta) next_cta();
+    } else {
+      for (int64_t r = 0; r < rows; r += in.rows_tile) {
+        const TileRef t = tile_of(in, b, q_row, r);
+        const int64_t n = grouped ? (static_cast<uint32_t>(in.kv_lens[b]) + kBlockN - 1) / kBlockN
+                                  : int64_t{t.tiles};
+        int64_t begin = 0;
+        int32_t first_partial = 0;
+        const int32_t first_piece = num_units;
+        const auto put = [&](int64_t end, int32_t partial) __attribute__((always_inline)) {
+          if (num_units >= max_units) [[unlikely]] {
+            overflow = true;
+            return;
+          }
+          store_unit(units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units), t, begin,
+                     end, partial);
+          if (pieces != nullptr) {
+            pieces[num_units] = Piece{b,
+                                      static_cast<int32_t>(q_row),
+                                      static_cast<int32_t>(begin),
+                                      static_cast<int32_t>(end),
+                                      cta,
+                                      0};
+          }
+          ++num_units;
+        };
+        while (!overflow) {
+          const int64_t left = n - begin;
+          if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
+            const bool split = begin > 0;
+            put(n, split ? next_partial : -1);
+            if (split) {
+              ++next_partial;
+              store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                     I32x4{t.head[1], t.head[2], first_partial, next_partial - first_partial});
+            }
+            room -= left + kUnitCost;
+            unassigned -= left + kUnitCost;
+            break;
+          }
+          const int64_t take = room - kUnitCost;
+          if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+            if (begin == 0) first_partial = next_partial;
+            put(begin + take, next_partial++);
+            begin += take;
+            unassigned -= take;  // the item's unit cost leaves with its last piece
+          }
+          next_cta();
+        }
+        if (overflow) break;
+        if (pieces != nullptr) pieces[first_piece].item_pieces = num_units - first_piece;
+        if (room <= 0 && cta < last_cta) next_cta();
+        if (grouped) break;  // the other row tiles follow in the other groups
+      }
+      q_row += rows;
+    }
+  }
+  out.num_units = num_units;
+  out.num_combines = num_combines;
+  out.next_partial = next_partial;
+  out.next_cta = cta + 1;
+  out.overflow = overflow;
+}
+
+// Groups 1.. of a grouped schedule with several queries per request: group g owns CTAs
+// [g * ctas_per_group, ...) and replays the first group's pieces with row tile g of each
+// request that has one (pieces: the first group's, one per unit). Combines: fewer than num_ctas
+// (each split item of each group moved its group's cut past a CTA).
+__attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, int ctas_per_group,
+                                             const Piece* pieces, PlanOut& out) {
+  const Batch in = in_ref;
+  std::byte* const units_out = out.units;
+  std::byte* const combines_out = out.combines;
+  std::byte* const cta_begin_out = out.cta_begin;
+  const int64_t max_units = out.max_units;
+  const int32_t units0 = out.num_units;
+  int32_t num_units = units0, num_combines = out.num_combines, next_partial = out.next_partial;
+  int next_cta = out.next_cta;
+  bool overflow = false;
+  for (int g = 1; g < groups && !overflow; ++g) {
+    const int cta0 = g * ctas_per_group;
+    const int64_t r = int64_t{g} * in.rows_tile;
+    for (int32_t k = 0; k < units0 && !overflow;) {
+      const Piece first = pieces[k];
+      const int32_t end = k + first.item_pieces;
+      if (int64_t{in.q_lens[first.request]} * in.heads > r) {  // the request has row tile g
+        const TileRef t = tile_of(in, first.request, first.q_row, r);
+        const bool split = first.item_pieces > 1;
+        if (split) {
+          store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                 I32x4{t.head[1], t.head[2], next_partial, first.item_pieces});
+        }
+        for (; k < end; ++k) {
+          const Piece& pc = pieces[k];
+          for (; next_cta <= cta0 + pc.cta; ++next_cta) {
+            store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(next_cta),
+                      num_units);
+          }
+          if (num_units >= max_units) [[unlikely]] {
+            overflow = true;
+            break;
+          }
+          store_unit(units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++), t,
+                     pc.begin_tile, pc.end_tile, split ? next_partial++ : -1);
+        }
+      }
+      k = end;
+    }
+  }
+  out.num_units = num_units;
+  out.num_combines = num_combines;
+  out.next_partial = next_partial;
+  out.next_cta = next_cta;
+  out.overflow = overflow;
+}
+
+// Group 1 of 128-head decode: every request has one query, so both row tiles of a request see
+// the same keys, and group 1's units, combines and CTA begins are group 0's moved by one row
+// tile (rows_tile rows; partial slots after group 0's).
+__attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, PlanOut& out) {
+  std::byte* const units_out = out.units;
+  std::byte* const combines_out = out.combines;
+  std::byte* const cta_begin_out = out.cta_begin;
+  const int32_t units0 = out.num_units, combines0 = out.num_combines, partials0 = out.next_partial;
+  if (int64_t{units0} * 2 > out.max_units) [[unlikely]] {
+    out.num_units = static_cast<int32_t>(out.max_units);
+    out.overflow = true;
+    return;
+  }
+  for (int c = out.next_cta; c < ctas_per_group; ++c) {
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), units0);
+  }
+  const I32x4 row_step{0, rows_tile, 0, rows_tile}, partial_step{partials0, 0, 0, 0};
+  for (int32_t i = 0; i < units0; ++i) {
+    const std::byte* src = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i);
+    std::byte* dst = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i + units0);
+    I32x4 head, lens, tail;
+    std::memcpy(&head, src, 16);
+    std::memcpy(&lens, src + 16, 16);
+    std::memcpy(&tail, src + 32, 16);
+    tail += (tail >= 0) & partial_step;  // split units only (lanes 1-3 are 0)
+    store4(dst, head + row_step);
+    store4(dst + 16, lens);
+    store4(dst + 32, tail);
+  }
+  const I32x4 combine_step{rows_tile, 0, partials0, 0};
+  for (int32_t i = 0; i < combines0; ++i) {
+    I32x4 c;
+    std::memcpy(&c, combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i), 16);
+    store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i + combines0),
+           c + combine_step);
+  }
+  for (int c = 0; c < ctas_per_group; ++c) {
+    int32_t b0;
+    std::memcpy(&b0, cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), 4);
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(ctas_per_group + c),
+              b0 + units0);
+  }
+  out.next_cta = 2 * ctas_per_group;
+  out.num_units = 2 * units0;
+  out.num_combines = 2 * combines0;
+  out.next_partial = 2 * partials0;
+}
 
 }  // namespace
 
@@ -65,8 +384,9 @@ PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
   l.num_ctas = num_ctas;
   const int64_t heads = std::max(cap.num_heads, 1);
   const int64_t min_rows = std::min<int64_t>(kMaxRows, std::max<int64_t>(16, heads));
-  const int64_t max_tiles = (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) /
-                                min_rows + std::max(cap.max_batch, 0);
+  const int64_t max_tiles =
+      (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) / min_rows +
+      std::max(cap.max_batch, 0);
   l.max_units = max_tiles + num_ctas;
   l.max_combines = num_ctas;
   l.cta_begin_offset = align_up(sizeof(PlanHeader));
@@ -99,8 +419,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
                 "num_heads = {} differs from the capacity's num_heads = {}", p.num_heads,
                 cap.num_heads);
-  MLA_CHECK_ARG(is_supported_page_size(p.page_size), "page_size = {} (supported: 1, 16, 32, 64, 128)",
-                p.page_size);
+  MLA_CHECK_ARG(is_supported_page_size(p.page_size),
+                "page_size = {} (supported: 1, 16, 32, 64, 128)", p.page_size);
   MLA_CHECK_ARG(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
                 "req_rows / q_lens / kv_lens sizes differ: {} / {} / {}", p.req_rows.size(),
                 p.q_lens.size(), p.kv_lens.size());
@@ -110,201 +430,130 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   MLA_CHECK_ARG(host_plan.size() >= layout.bytes, "host_plan holds {} bytes, the plan needs {}",
                 host_plan.size(), layout.bytes);
 
-  int64_t q_tokens = 0;
-  int max_q_len = 1;
+  const int32_t* const q_lens = p.q_lens.data();
+  const int32_t* const kv_lens = p.kv_lens.data();
+  const int32_t* const req_rows = p.req_rows.data();
+  const bool causal = p.causal;
+
+  // 1. Branch-free passes the compiler vectorizes: the checks, the longest q_len, the query
+  // tokens, and the cost of every request as one item (its key tiles + kUnitCost), what the cut
+  // uses unless a request splits into row tiles cut separately. Sums in unsigned arithmetic
+  // are exact once the checks pass (every length >= 0); a malformed request sends us to the
+  // per-request checks, in their order, for the message.
+  uint32_t sign_bits = 0, below_q = 0;
+  int32_t max_q = 0;
   for (int b = 0; b < bs; ++b) {
-    const int32_t ql = p.q_lens[b], kl = p.kv_lens[b];
-    MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
-                  kl);
-    MLA_CHECK_ARG(!p.causal || kl == 0 || kl >= ql,
-                  "causal: kv_lens[{}] = {} is below q_lens[{}] = {}", b, kl, b, ql);
-    MLA_CHECK_ARG(p.req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, p.req_rows[b]);
-    q_tokens += ql;
-    max_q_len = std::max(max_q_len, static_cast<int>(ql));
+    const int32_t ql = q_lens[b], kl = kv_lens[b];
+    sign_bits |= static_cast<uint32_t>(ql | kl | req_rows[b]);
+    below_q |= static_cast<uint32_t>((kl < ql) & (kl != 0));
+    max_q = std::max(max_q, ql);
+  }
+  uint64_t q_sum = 0, cost_sum = 0;
+  for (int b = 0; b < bs; ++b) {
+    const uint32_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
+    q_sum += ql;
+    cost_sum +=
+        (((kl + kBlockN - 1) / kBlockN) + kUnitCost) & (0u - static_cast<uint32_t>(ql != 0));
+  }
+  const bool bad = (sign_bits >> 31) != 0 || (causal && below_q != 0);
+  const int64_t q_tokens = static_cast<int64_t>(q_sum);
+  const int64_t request_cost = static_cast<int64_t>(cost_sum);
+  if (bad) [[unlikely]] {
+    for (int b = 0; b < bs; ++b) {
+      const int32_t ql = q_lens[b], kl = kv_lens[b];
+      MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
+                    kl);
+      MLA_CHECK_ARG(!causal || kl == 0 || kl >= ql,
+                    "causal: kv_lens[{}] = {} is below q_lens[{}] = {}", b, kl, b, ql);
+      MLA_CHECK_ARG(req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, req_rows[b]);
+    }
   }
   MLA_CHECK_ARG(q_tokens <= cap.max_q_tokens, "sum(q_lens) = {} exceeds capacity max_q_tokens = {}",
                 q_tokens, cap.max_q_tokens);
 
   const int heads = p.num_heads;
   const int heads_log2 = std::countr_zero(static_cast<unsigned>(heads));  // a power of two
-  const int rows_tile = rows_per_tile(heads, max_q_len);
-
-  // Scratch reused across plans on this thread: after the first plans of the largest batch,
-  // planning allocates nothing (a serving loop plans every step).
-  thread_local PlanScratch scratch;
-  PlanScratch& s = scratch;
-  s.reset(bs, num_ctas);
-
-  // Row tiles: consecutive flat rows (token * H + head) of one request.
-  int64_t q_row = 0;
-  int max_tiles_per_req = 0;
-  for (int b = 0; b < bs; ++b) {
-    s.first_tile[b] = static_cast<int32_t>(s.tiles.size());
-    const int64_t rows = int64_t{p.q_lens[b]} * heads;
-    for (int64_t r = 0; r < rows; r += rows_tile) {
-      Tile t;
-      t.request = b;
-      t.q_row_begin = static_cast<int32_t>(q_row + r);
-      t.num_rows = static_cast<int32_t>(std::min<int64_t>(rows_tile, rows - r));
-      t.row_in_req = static_cast<int32_t>(r);
-      const int32_t last_query = (t.row_in_req + t.num_rows - 1) >> heads_log2;
-      const int32_t kl = p.kv_lens[b];
-      t.kv_extent = p.causal && kl > 0 ? kl - p.q_lens[b] + last_query + 1 : kl;
-      t.tiles = (t.kv_extent + kBlockN - 1) / kBlockN;
-      s.tiles.push_back(t);
-    }
-    max_tiles_per_req = std::max(max_tiles_per_req,
-                                 static_cast<int>(s.tiles.size()) - s.first_tile[b]);
-    q_row += rows;
-  }
-  s.first_tile[bs] = static_cast<int32_t>(s.tiles.size());
-  const std::vector<Tile>& tiles = s.tiles;
-  const std::vector<int32_t>& first_tile = s.first_tile;
+  const int rows_tile = rows_per_tile(heads, std::max<int32_t>(max_q, 1));
+  // Row tiles of a request: consecutive flat rows (token * H + head); the most any request has.
+  const int max_tiles_per_req =
+      static_cast<int>((int64_t{max_q} * heads + rows_tile - 1) / rows_tile);
 
   // Grouped schedule when a request has 2-4 row tiles (128 heads, or heads x q_len > 64): the
   // grid splits into one group of CTAs per row tile, all groups following the same key schedule,
   // so the row tiles of a request read the same keys at the same time and share them in L2
   // (otherwise 128-head decode reads the cache twice from DRAM: 2 x 1152 B per key).
+  // Items cut across one group's CTAs: requests (grouped; a request's cost is that of its
+  // longest row tile, the last one, which sees all kv_len keys) or row tiles (ungrouped).
   const int groups =
       max_tiles_per_req >= 2 && max_tiles_per_req <= 4 && num_ctas >= 2 * max_tiles_per_req
-          ? max_tiles_per_req : 1;
+          ? max_tiles_per_req
+          : 1;
   const int ctas_per_group = num_ctas / groups;
-  // Items cut across one group's CTAs: requests (grouped) or row tiles (ungrouped).
-  std::vector<int64_t>& item_tiles = s.item_tiles;
-  if (groups > 1) {
+  const Batch in{q_lens, kv_lens, req_rows, bs, heads, heads_log2, rows_tile, causal};
+
+  // Cost of all items: request_cost when every request is one item (grouped, or one row tile
+  // each: that tile sees all kv_len keys), else the sum over row tiles.
+  int64_t total_cost = request_cost;
+  if (groups == 1 && max_tiles_per_req > 1) {
+    total_cost = 0;
+    int64_t q_row = 0;
     for (int b = 0; b < bs; ++b) {
-      int64_t n = 0;
-      for (int i = first_tile[b]; i < first_tile[b + 1]; ++i) n = std::max(n, tiles[i].tiles);
-      item_tiles.push_back(first_tile[b + 1] > first_tile[b] ? n : -1);  // -1: no rows
+      const int64_t rows = int64_t{q_lens[b]} * heads;
+      for (int64_t r = 0; r < rows; r += rows_tile) {
+        total_cost += tile_of(in, b, q_row, r).tiles + kUnitCost;
+      }
+      q_row += rows;
     }
+  }
+
+  std::byte* const base = host_plan.data();
+  PlanOut out{base + layout.units_offset, base + layout.combines_offset,
+              base + layout.cta_begin_offset, layout.max_units};
+  // 2. The cut, once for all groups, writing the first group's units. 3. The other groups.
+  const bool decode = max_q == 1 && (groups > 1 || max_tiles_per_req <= 1);
+  if (decode) {
+    cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
+    if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
+  } else if (groups > 1) {
+    // Scratch reused across plans on this thread: after the first plans of the largest batch,
+    // planning allocates nothing (a serving loop plans every step).
+    thread_local PlanScratch scratch;
+    std::vector<Piece>& pieces = scratch.pieces;
+    if (pieces.size() < static_cast<std::size_t>(layout.max_units)) {
+      pieces.resize(static_cast<std::size_t>(layout.max_units));
+    }
+    cut_group<false>(in, true, ctas_per_group, total_cost, pieces.data(), out);
+    if (!out.overflow) replay_groups(in, groups, ctas_per_group, pieces.data(), out);
   } else {
-    for (const Tile& t : tiles) item_tiles.push_back(t.tiles);
+    cut_group<false>(in, false, ctas_per_group, total_cost, nullptr, out);
   }
-  int64_t total_cost = 0;
-  for (int64_t n : item_tiles) total_cost += n >= 0 ? n + kUnitCost : 0;
-
-  // 1. Contiguous cutting of the flattened (item, key tile) list into equal shares, once for
-  // all groups. Each CTA's share is re-derived from the work still unassigned, so pieces left
-  // unused by the no-tiny-piece rule spread over the remaining CTAs instead of piling up on the
-  // last one. Pieces of item i: pieces[piece_begin[i] .. piece_begin[i + 1]), CTAs ascending.
-  int64_t unassigned = total_cost;
-  const auto share = [&](int c) {
-    const int64_t left_ctas = ctas_per_group - c;
-    return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
-  };
-  int cta = 0;
-  int64_t room = share(0);
-  std::vector<Piece>& pieces = s.pieces;
-  std::vector<int32_t>& piece_begin = s.piece_begin;
-  const std::size_t num_items = item_tiles.size();
-  piece_begin.resize(num_items + 1);
-  for (std::size_t item = 0; item < num_items; ++item) {
-    piece_begin[item] = static_cast<int32_t>(pieces.size());
-    const int64_t n_tiles = item_tiles[item];
-    if (n_tiles < 0) continue;
-    int64_t begin = 0;
-    while (true) {
-      const int64_t left = n_tiles - begin;
-      // Slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind.
-      if (cta == ctas_per_group - 1 || left + kUnitCost <= room + kMinPieceTiles) {
-        pieces.push_back({begin, n_tiles, cta});
-        room -= left + kUnitCost;
-        unassigned -= left + kUnitCost;
-        break;
-      }
-      const int64_t take = room - kUnitCost;
-      if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
-        pieces.push_back({begin, begin + take, cta});
-        begin += take;
-        unassigned -= take;  // the item's unit cost leaves with its last piece
-      }
-      ++cta;
-      room = share(cta);
-    }
-    if (room <= 0 && cta < ctas_per_group - 1) {
-      ++cta;
-      room = share(cta);
-    }
+  if (out.overflow) {
+    return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
   }
-  piece_begin[num_items] = static_cast<int32_t>(pieces.size());
-
-  // 2. Units written in place, group by group: group g owns CTAs [g * ctas_per_group, ...) and
-  // its pieces come in ascending CTA order, so the output is CTA-major with no sorting pass.
-  // A tile cut into several pieces writes partial slots that one combine merges. Each unit is
-  // bounds-checked as it is written (the layout's max_units bounds them; exceeding it is a bug).
-  std::byte* base = host_plan.data();
-  auto* units_out = reinterpret_cast<WorkUnit*>(base + layout.units_offset);
-  std::vector<int32_t>& cta_begin = s.cta_begin;  // [num_ctas + 1]
-  std::vector<CombineUnit>& combines = s.combines;
-  int32_t num_units = 0;
-  int32_t next_partial = 0;
-  int next_cta = 0;  // CTAs before next_cta have their begin written
-  for (int g = 0; g < groups; ++g) {
-    const int cta0 = g * ctas_per_group;
-    for (std::size_t item = 0; item < num_items; ++item) {
-      const int tile_index = groups > 1 ? first_tile[item] + g : static_cast<int>(item);
-      if (groups > 1 && tile_index >= first_tile[item + 1]) continue;
-      const int32_t pb = piece_begin[item], pe = piece_begin[item + 1];
-      if (pb == pe) continue;
-      const Tile& t = tiles[static_cast<std::size_t>(tile_index)];
-      const bool split = pe - pb > 1;
-      if (split) combines.push_back({t.q_row_begin, t.num_rows, next_partial, pe - pb});
-      for (int32_t k = pb; k < pe; ++k) {
-        const Piece& pc = pieces[static_cast<std::size_t>(k)];
-        const int owner = cta0 + pc.cta;
-        while (next_cta <= owner) cta_begin[next_cta++] = num_units;
-        if (num_units >= layout.max_units) [[unlikely]] {
-          return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
-        }
-        // Constructed in place, field by field: building a local and copying it out made every
-        // unit wait on a store-to-load forwarding stall (a third of the planner's time).
-        WorkUnit* u = ::new (static_cast<void*>(units_out + num_units++)) WorkUnit;
-        u->pool_row = p.req_rows[t.request];
-        u->q_row_begin = t.q_row_begin;
-        u->num_rows = t.num_rows;
-        u->row_in_req = t.row_in_req;
-        u->q_len = p.q_lens[t.request];
-        u->kv_len = p.kv_lens[t.request];
-        const int32_t kv_begin =
-            static_cast<int32_t>(std::min<int64_t>(pc.begin_tile, t.tiles) * kBlockN);
-        const int32_t kv_end =
-            static_cast<int32_t>(std::min<int64_t>(pc.end_tile * kBlockN, t.kv_extent));
-        u->kv_begin = kv_begin;
-        u->kv_end = std::max(kv_end, kv_begin);
-        u->partial = split ? next_partial++ : -1;
-        u->reserved[0] = u->reserved[1] = u->reserved[2] = 0;
-      }
-    }
-  }
-  while (next_cta <= num_ctas) cta_begin[next_cta++] = num_units;
-  if (static_cast<int64_t>(combines.size()) > layout.max_combines ||
-      next_partial > max_partials(num_ctas)) {
+  if (out.next_partial > max_partials(num_ctas)) {
     return internal_error("absorbed plan overflow: {} combines (max {}), {} partials (max {})",
-                          combines.size(), layout.max_combines, next_partial,
+                          out.num_combines, layout.max_combines, out.next_partial,
                           max_partials(num_ctas));
+  }
+  for (int c = out.next_cta; c <= num_ctas; ++c) {
+    store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(c), out.num_units);
   }
 
   PlanHeader h{};
   h.num_ctas = num_ctas;
   h.rows_per_tile = rows_tile;
-  h.num_units = static_cast<int32_t>(num_units);
-  h.num_combines = static_cast<int32_t>(combines.size());
+  h.num_units = out.num_units;
+  h.num_combines = out.num_combines;
   h.num_heads = heads;
   h.page_size = p.page_size;
-  h.causal = p.causal ? 1 : 0;
-  h.num_partials = next_partial;
+  h.causal = causal ? 1 : 0;
+  h.num_partials = out.next_partial;
   h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
   h.units_offset = static_cast<int32_t>(layout.units_offset);
   h.combines_offset = static_cast<int32_t>(layout.combines_offset);
   std::memcpy(base, &h, sizeof(h));
-  std::memcpy(base + layout.cta_begin_offset, cta_begin.data(),
-              sizeof(int32_t) * cta_begin.size());
-  if (!combines.empty()) {  // memcpy from an empty vector's null data() is undefined
-    std::memcpy(base + layout.combines_offset, combines.data(),
-                sizeof(CombineUnit) * combines.size());
-  }
   // Bytes through the last combine written: the upload can stop there.
-  return layout.combines_offset + sizeof(CombineUnit) * combines.size();
+  return layout.combines_offset + sizeof(CombineUnit) * static_cast<std::size_t>(out.num_combines);
 }
 
 }  // namespace mla::cuda::absorbed
