@@ -1,18 +1,20 @@
 // Absorbed paged MLA attention, version 3 (Hopper, sm_90a): 64-row tiles on wgmma with the two
 // warpgroups in different roles, so one warpgroup's softmax runs under the other's tensor work
-// and the key gather is issued by the copy engine instead of the compute threads.
+// and the key loads are issued by the warpgroup with the lighter load.
 //
 // Per 64-key tile t (stage s = t % 2 of a double-buffered key ring):
 //   warpgroup 0 (threads 0-127): S = Q K^T for all 64 keys (m64n64k16 SS x 36), online softmax
 //     (row maxima inside a quad of threads, no exchange), P (bf16) to shared memory with the
 //     rows' rescale factors, then O[:, 0:256] += P V[:, 0:256] with P from registers
-//     (m64n256k16 RS x 4). Its P V of tile t stays in flight while it issues S of tile t + 1.
+//     (m64n256k16 RS x 4), waited for before it waits for tile t + 1, so stage s is freed (and
+//     tile t + 2 issued) without waiting for tile t + 1 to land.
 //   warpgroup 1 (threads 128-255): O[:, 256:512] += P V[:, 256:512] (m64n256k16 SS x 4, P from
 //     shared memory), then, once both warpgroups are done with stage s, loads tile t + 2 into it:
-//     page size >= 16 by TMA (boxes of 16 key rows x 64 columns, 36 per tile, 128-byte swizzle
-//     applied by the copy engine; a tile's rows past kv_end are zeroed by warpgroup 0 after the
-//     copy), page size 1 by 16-byte cp.async of all 128 threads (zero fill past kv_end), both
-//     completing on the stage's mbarrier. Slots are looked up one tile before they are needed.
+//     pages of >= kv_tmap_rows keys (64 by default) by TMA (9 boxes of 64 key rows x 64 columns
+//     per tile, the 128-byte swizzle applied by the copy engine; a tile's rows past kv_end are
+//     zeroed by warpgroup 0 after the copy), smaller pages by 16-byte cp.async of all 128
+//     threads (zero fill past kv_end); both complete on the stage's mbarrier. Slots are looked
+//     up one tile before they are needed.
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
@@ -23,8 +25,9 @@
 // (warpgroup 0 only). Each is used once per tile in a fixed direction, so no barrier can collect
 // two arrivals of one side before the other side's wait. The row sums of a unit go through the
 // mbarriers sums_ready (0 -> 1) and sums_free (1 -> 0: read; 0 waits for it before the next
-// unit's sums, so neither barrier can run two phases ahead of its waiter). compute-sanitizer racecheck models
-// the mbarrier hand-offs; across named barriers and even __syncthreads it reported hazards here.
+// unit's sums, so neither barrier can run two phases ahead of its waiter). compute-sanitizer
+// racecheck models the mbarrier hand-offs; across named barriers and even __syncthreads it
+// reported hazards here.
 #pragma once
 
 #include "kernels/cuda/absorbed/sm90_common.cuh"
@@ -42,7 +45,6 @@ inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row
 inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;
 inline constexpr int kSmemBytes = kBarOff + 5 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
-
 
 enum Barrier : int { kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5 };
 
