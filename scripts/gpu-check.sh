@@ -5,7 +5,9 @@
 #   cuda --json`. Logs and JSON go under $OUT (at most 8 files), a summary table is printed last.
 # Environment: OUT (default /tmp/mla-gpu-out), GPU_CHECK_QUICK=1 (bench --quick),
 #   GPU_TEST_FILTER (gtest filter for the suite), GPU_BENCH_OPS (default decode,prefill,extend),
-#   GPU_SKIP_TESTS=1 / GPU_SKIP_SANITIZER=1 / GPU_SKIP_BENCH=1.
+#   GPU_SKIP_TESTS=1 / GPU_SKIP_SANITIZER=1 / GPU_SKIP_BENCH=1 / GPU_SKIP_INTEGRATION=1,
+#   GPU_SANITIZER_FILTER, GPU_AB="label|ENV=V ...;label2|..." (A/B variants: absorbed tests + the
+#   quick decode grid per variant, rows tagged "variant"; labels diag* skip the tests).
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
 carry="${CARRY:-$root/.carry/gpu}"
