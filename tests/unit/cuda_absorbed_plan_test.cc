@@ -601,5 +601,58 @@ TEST(AbsorbedPlan, DecodeBatchesMatchTheReference) {
   }
 }
 
+// Speculative verify (one q_len 2-8 for all) and mixed batches (q_len 0..max, max 2-8) at
+// 16-128 heads, batch 1-256, grids of 132 and of 1-12 CTAs (ungrouped with several row tiles),
+// causal or not: the same plans as the reference. Covers each path of the planner past decode:
+// one row tile per request (16 heads q_len <= 4, 32 heads q_len 2), grouped (2-4 row tiles),
+// and ungrouped with several row tiles (64-128 heads with long q_len, or a small grid).
+TEST(AbsorbedPlan, VerifyAndMixedBatchesMatchTheReference) {
+  Rng rng(mix_seed(base_seed(), 61));
+  int compared = 0;
+  for (int heads : {16, 32, 64, 128}) {
+    for (int q_len = 2; q_len <= 8; ++q_len) {
+      for (int bs : {1, 3, 64, 133, 256}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          const bool causal = variant != 3;
+          const bool mixed = variant == 1;
+          const int ctas = variant == 2 ? static_cast<int>(rng.uniform_int(1, 12)) : 132;
+          const int max_kv = static_cast<int>(rng.uniform_int(0, 3)) == 0
+                                 ? static_cast<int>(rng.uniform_int(1, 200))
+                                 : static_cast<int>(rng.uniform_int(200, 20000));
+          std::vector<int32_t> rows, q, kv;
+          int64_t tokens = 0;
+          for (int i = 0; i < bs; ++i) {
+            int qi = mixed ? static_cast<int>(rng.uniform_int(0, q_len)) : q_len;
+            int kvi = static_cast<int>(rng.uniform_int(max_kv / 2, max_kv));
+            if (rng.uniform_int(0, 20) == 0) kvi = 0;
+            if (causal && kvi > 0 && kvi < qi) kvi = qi;
+            if (causal && kvi == 0) qi = 0;
+            rows.push_back(static_cast<int32_t>(rng.uniform_int(0, 1000)));
+            q.push_back(qi);
+            kv.push_back(kvi);
+            tokens += qi;
+          }
+          AttnCapacity cap{bs, tokens, 0, 8, heads};
+          AbsorbedProblem p{heads, 64, causal, rows, q, kv};
+          const auto layout = cuda::absorbed::plan_layout(cap, ctas);
+          std::vector<std::byte> got(layout.bytes), want(layout.bytes);
+          auto g = cuda::absorbed::build_plan(p, cap, ctas, got);
+          auto w = reference::reference_build_plan(p, cap, ctas, want);
+          ASSERT_EQ(g.ok(), w.ok()) << (g.ok() ? w : g).status().to_string();
+          if (!w.ok()) {
+            EXPECT_EQ(g.status().to_string(), w.status().to_string());
+            continue;
+          }
+          EXPECT_TRUE(content_of(got, *g) == content_of(want, *w))
+              << "heads " << heads << " q_len " << q_len << " bs " << bs << " variant "
+              << variant << " ctas " << ctas;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 500);
+}
+
 }  // namespace
 }  // namespace mla::testing

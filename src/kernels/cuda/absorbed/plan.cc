@@ -162,18 +162,20 @@ __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int 
     const int32_t ql = in.q_lens[b];
     const int64_t rows = int64_t{ql} * in.heads;
     if constexpr (kDecode) {
-      // Decode (every request 0 or 1 query; bs + ctas_per_group - 1 units at most, under
-      // max_batch + num_ctas <= max_units: no check). The item's first row tile has
-      // tile_rows = min(rows_tile, heads) rows and sees all kv_len keys: a piece [b, e) of key
-      // tiles covers keys [64 b, min(64 e, kv_len)), and a piece cut off before the last ends
-      // below kv_len.
+      // One item per request whose first row tile sees all kv_len keys: decode (every request
+      // 0 or 1 query, grouped or not) or any batch whose requests have one row tile each
+      // (heads x q_len <= rows_tile: the tile's last row is the request's last query).
+      // bs + ctas_per_group - 1 units at most, under max_batch + num_ctas <= max_units: no
+      // check. The first row tile has tile_rows = min(rows_tile, heads x q_len) rows: a piece
+      // [b, e) of key tiles covers keys [64 b, min(64 e, kv_len)), and a piece cut off before
+      // the last ends below kv_len.
       if (ql == 0) continue;
       const int32_t kl = in.kv_lens[b];
       const int64_t n = (static_cast<uint32_t>(kl) + kBlockN - 1) / kBlockN;
-      const int32_t tile_rows = std::min(in.rows_tile, in.heads);
+      const int32_t tile_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows));
       const I32x4 head =
           quad(pair(in.req_rows[b], static_cast<int32_t>(q_row)), pair(tile_rows, 0));
-      const uint64_t lens = pair(1, kl);
+      const uint64_t lens = pair(ql, kl);
       q_row += rows;
       const auto put = [&](int64_t begin, int32_t end, int32_t partial)
           __attribute__((always_inline)) {
@@ -275,6 +277,120 @@ __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int 
   out.next_partial = next_partial;
   out.next_cta = cta + 1;
   out.overflow = overflow;
+}
+
+// The ungrouped cut when requests have several row tiles (heads x q_len > rows_tile and no
+// grouping: 64-128 heads with q_len > 4, or a small grid): the same cut as cut_group<false>
+// with one item per row tile, the request's fields loaded once and the units built from
+// 64-bit lane pairs. Row tile r of a request (its first row r) holds
+// num_rows = min(rows_tile, rows - r) rows; its last query q = (r + num_rows - 1) / heads
+// sees extent = kv_len - q_len + q + 1 keys (causal, kv_len > 0) or kv_len (otherwise), so a
+// piece [b, e) of its n = ceil(extent / 64) key tiles covers keys [64 b, min(64 e, extent)),
+// and a piece cut off before the last ends below extent. Units are checked against max_units
+// (an overflow fails the plan, so the cut stops there).
+__attribute__((noinline)) void cut_tiles(const Batch& in_ref, int ctas_per_group,
+                                         int64_t total_cost, PlanOut& out) {
+  const Batch in = in_ref;  // a local copy: not reloaded after each store through std::byte*
+  std::byte* const units_out = out.units;
+  std::byte* const combines_out = out.combines;
+  std::byte* const cta_begin_out = out.cta_begin;
+  const int32_t max_units = static_cast<int32_t>(std::min<int64_t>(out.max_units, INT32_MAX));
+  const int last_cta = ctas_per_group - 1;
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+  int cta = 0;
+  int64_t unassigned = total_cost;
+  int64_t room = share_of(unassigned, ctas_per_group, 0);
+  store_i32(cta_begin_out, 0);
+  const auto next_cta = [&]() __attribute__((always_inline)) {
+    ++cta;
+    store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
+    room = share_of(unassigned, ctas_per_group, cta);
+  };
+  std::byte* unit_at = units_out;  // the next unit
+  int64_t q_row = 0;
+  for (int b = 0; b < in.bs; ++b) {
+    const int32_t ql = in.q_lens[b];
+    if (ql == 0) continue;  // no rows, no tiles
+    const int64_t rows = int64_t{ql} * in.heads;
+    const int32_t kl = in.kv_lens[b];
+    const bool shifted = in.causal && kl > 0;
+    const int32_t extent0 = shifted ? kl - ql + 1 : kl;  // extent of a tile ending in query 0
+    const int32_t query_step = shifted ? 1 : 0;
+    const uint64_t lens = pair(ql, kl);
+    const int32_t req_row = in.req_rows[b];
+    for (int64_t r = 0; r < rows; r += in.rows_tile) {
+      const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
+      const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
+      const int32_t extent = extent0 + query_step * last_query;
+      const int64_t n = (static_cast<uint32_t>(extent) + kBlockN - 1) / kBlockN;
+      const I32x4 head = quad(pair(req_row, static_cast<int32_t>(q_row + r)),
+                              pair(num_rows, static_cast<int32_t>(r)));
+      // The whole tile's second 16 bytes, built here as a vector: a 32-bit extent kept for the
+      // store below was spilled and reloaded as 64 bits (a failed store-to-load forward).
+      const I32x4 lens_whole = quad(lens, pair(0, extent));
+      if (num_units + 1 > max_units) [[unlikely]] {
+        out.overflow = true;
+        return;
+      }
+      const auto put = [&](int64_t begin, int32_t end, int32_t partial)
+          __attribute__((always_inline)) {
+        store4(unit_at, head);
+        store4(unit_at + 16, quad(lens, pair(static_cast<int32_t>(begin * kBlockN), end)));
+        store4(unit_at + 32, quad(static_cast<uint32_t>(partial), 0));
+        unit_at += sizeof(WorkUnit);
+        ++num_units;
+      };
+      if (cta == last_cta || n + kUnitCost <= room + kMinPieceTiles) [[likely]] {
+        store4(unit_at, head);  // the whole tile in this CTA
+        store4(unit_at + 16, lens_whole);
+        store4(unit_at + 32, quad(static_cast<uint32_t>(-1), 0));
+        unit_at += sizeof(WorkUnit);
+        ++num_units;
+        room -= n + kUnitCost;
+        unassigned -= n + kUnitCost;
+      } else {
+        int64_t begin = 0;
+        const int32_t first_partial = next_partial;
+        while (true) {
+          const int64_t left = n - begin;
+          if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
+            if (num_units + 1 > max_units) [[unlikely]] {
+              out.overflow = true;
+              return;
+            }
+            const bool split = begin > 0;
+            put(begin, extent, split ? next_partial : -1);
+            if (split) {
+              ++next_partial;
+              store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+                     I32x4{head[1], num_rows, first_partial, next_partial - first_partial});
+            }
+            room -= left + kUnitCost;
+            unassigned -= left + kUnitCost;
+            break;
+          }
+          const int64_t take = room - kUnitCost;
+          if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
+            if (num_units + 1 > max_units) [[unlikely]] {
+              out.overflow = true;
+              return;
+            }
+            put(begin, static_cast<int32_t>((begin + take) * kBlockN), next_partial++);
+            begin += take;
+            unassigned -= take;  // the item's unit cost leaves with its last piece
+          }
+          next_cta();
+        }
+      }
+      if (room <= 0 && cta < last_cta) next_cta();
+    }
+    q_row += rows;
+  }
+  out.num_units = num_units;
+  out.num_combines = num_combines;
+  out.next_partial = next_partial;
+  out.next_cta = cta + 1;
+  out.overflow = false;
 }
 
 // Groups 1.. of a grouped schedule with several queries per request: group g owns CTAs
@@ -494,15 +610,40 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   // Cost of all items: request_cost when every request is one item (grouped, or one row tile
   // each: that tile sees all kv_len keys), else the sum over row tiles.
   int64_t total_cost = request_cost;
-  if (groups == 1 && max_tiles_per_req > 1) {
-    total_cost = 0;
-    int64_t q_row = 0;
+  if (groups == 1 && max_tiles_per_req > 1 && heads % rows_tile == 0) {
+    // Every row tile holds rows of one query (heads / rows_tile tiles per query), so a request
+    // costs (heads / rows_tile) x sum over its queries q of (ceil(extent_q / 64) + kUnitCost),
+    // extent_q = kv_len - q_len + q + 1 (causal, kv_len > 0; the sum over extents
+    // kv_len - q_len + 1 .. kv_len is key_tile_sum(kv_len) - key_tile_sum(kv_len - q_len)) or
+    // kv_len (otherwise). Same value as the loop below, without a step per row tile.
+    const auto key_tile_sum = [](uint64_t m) {  // sum of ceil(x / 64) over x = 1 .. m
+      const uint64_t k = m / kBlockN, rem = m % kBlockN;
+      return kBlockN * k * (k + 1) / 2 + rem * (k + 1);
+    };
+    uint64_t sum = 0;
     for (int b = 0; b < bs; ++b) {
-      const int64_t rows = int64_t{q_lens[b]} * heads;
+      const uint64_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
+      if (ql == 0) continue;
+      const uint64_t keys = causal && kl > 0 ? key_tile_sum(kl) - key_tile_sum(kl - ql)
+                                             : ql * ((kl + kBlockN - 1) / kBlockN);
+      sum += keys + ql * kUnitCost;
+    }
+    total_cost = static_cast<int64_t>(sum) * (heads / rows_tile);
+  } else if (groups == 1 && max_tiles_per_req > 1) {
+    // Row tile r's key tiles as in cut_tiles (the extent of the tile ending in query q).
+    total_cost = 0;
+    for (int b = 0; b < bs; ++b) {
+      const int32_t ql = q_lens[b], kl = kv_lens[b];
+      const int64_t rows = int64_t{ql} * heads;
+      const bool shifted = causal && kl > 0;
+      const int32_t extent0 = shifted ? kl - ql + 1 : kl;
+      const int32_t query_step = shifted ? 1 : 0;
       for (int64_t r = 0; r < rows; r += rows_tile) {
-        total_cost += tile_of(in, b, q_row, r).tiles + kUnitCost;
+        const int64_t last_row = std::min<int64_t>(r + rows_tile, rows) - 1;
+        const int32_t extent =
+            extent0 + query_step * static_cast<int32_t>(last_row >> heads_log2);
+        total_cost += (static_cast<uint32_t>(extent) + kBlockN - 1) / kBlockN + kUnitCost;
       }
-      q_row += rows;
     }
   }
 
@@ -510,7 +651,7 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   PlanOut out{base + layout.units_offset, base + layout.combines_offset,
               base + layout.cta_begin_offset, layout.max_units};
   // 2. The cut, once for all groups, writing the first group's units. 3. The other groups.
-  const bool decode = max_q == 1 && (groups > 1 || max_tiles_per_req <= 1);
+  const bool decode = (max_q == 1 && groups > 1) || max_tiles_per_req <= 1;
   if (decode) {
     cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
     if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
@@ -525,7 +666,7 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     cut_group<false>(in, true, ctas_per_group, total_cost, pieces.data(), out);
     if (!out.overflow) replay_groups(in, groups, ctas_per_group, pieces.data(), out);
   } else {
-    cut_group<false>(in, false, ctas_per_group, total_cost, nullptr, out);
+    cut_tiles(in, ctas_per_group, total_cost, out);  // several row tiles per request
   }
   if (out.overflow) {
     return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
