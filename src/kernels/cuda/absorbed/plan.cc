@@ -139,6 +139,8 @@ struct PlanOut {
 template <bool kDecode>
 __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int ctas_per_group,
                                          int64_t total_cost, Piece* pieces, PlanOut& out) {
+  // The non-decode cut runs for grouped schedules only (cut_tiles takes the ungrouped ones).
+  if constexpr (!kDecode) grouped = true;
   const Batch in = in_ref;  // a local copy: not reloaded after each store through std::byte*
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
