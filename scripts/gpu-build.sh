@@ -14,7 +14,8 @@ if command -v ccache > /dev/null; then  # worktrees share objects when ccache's 
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLA_CUDA=ON "${launcher[@]}" \
-  -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" -DMLA_BUILD_BENCH=OFF >/dev/null
+  -DCMAKE_CUDA_COMPILER="${CUDACXX:-/usr/local/cuda/bin/nvcc}" -DMLA_BUILD_BENCH=OFF \
+  -DMLA_PTXAS_VERBOSE=ON >/dev/null
 cmake --build "$build" -j"${JOBS:-2}" --target mla_cli mla_gpu_tests
 mkdir -p "$carry"
 cp "$build/mla" "$build/tests/mla_gpu_tests" "$carry/"

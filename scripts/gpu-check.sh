@@ -5,9 +5,10 @@
 #   cuda --json`. Logs and JSON go under $OUT (at most 8 files), a summary table is printed last.
 # Environment: OUT (default /tmp/mla-gpu-out), GPU_CHECK_QUICK=1 (bench --quick),
 #   GPU_TEST_FILTER (gtest filter for the suite), GPU_BENCH_OPS (default decode,prefill,extend),
+#   GPU_BENCH_DTYPES (decode caches: bf16 (default), fp8 or bf16,fp8),
 #   GPU_SKIP_TESTS=1 / GPU_SKIP_SANITIZER=1 / GPU_SKIP_BENCH=1 / GPU_SKIP_INTEGRATION=1,
-#   GPU_SANITIZER_FILTER, GPU_AB="label|ENV=V ...;label2|..." (A/B variants: absorbed tests + the
-#   quick decode grid per variant, rows tagged "variant"; labels diag* skip the tests).
+#   GPU_SANITIZER_FILTER, GPU_AB="label|dir;label2|dir2" (A/B builds: for each, the absorbed
+#   tests and the quick decode grid with dir/mla_gpu_tests and dir/mla, rows tagged "variant").
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
 carry="${CARRY:-$root/.carry/gpu}"
@@ -79,25 +80,26 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   quick=()
   [ "${GPU_CHECK_QUICK:-0}" = 1 ] && quick=(--quick)
   timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda "${quick[@]}" \
-    --ops "${GPU_BENCH_OPS:-decode,prefill,extend}" --out "$OUT/h200.jsonl" > "$OUT/bench.log" 2>&1
+    --ops "${GPU_BENCH_OPS:-decode,prefill,extend}" --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
+    --out "$OUT/h200.jsonl" > "$OUT/bench.log" 2>&1
   summary+=("bench      rc=$? rows=$(grep -c . "$OUT/h200.jsonl" 2>/dev/null)")
 fi
 
-# A/B variants: GPU_AB="label|ENV=V ENV2=V;label2|ENV=V". For each: the absorbed tests and the
-# quick decode grid under that environment, rows tagged "variant": label (MLA_BENCH_VARIANT).
+# A/B builds: GPU_AB="label|dir;label2|dir2", each dir holding an mla and mla_gpu_tests built by
+# scripts/gpu-build.sh (CARRY=dir) from another commit or with an experiments build option. For
+# each: the absorbed tests and the quick decode grid, rows tagged "variant": label.
 if [ -n "${GPU_AB:-}" ]; then
   IFS=';' read -ra variants <<< "$GPU_AB"
   for v in "${variants[@]}"; do
     label="${v%%|*}"
-    envs="${v#*|}"
+    dir="${v#*|}"
     {
-      echo "== variant $label ($envs)"
-      if [ "${label#diag}" = "$label" ]; then  # diag* variants compute wrong results by design
-        env $envs timeout 120 "$tests" --gtest_filter="${GPU_AB_TEST_FILTER:-AbsorbedDevice.*:*absorbed*}" \
-          2>&1 | grep -E '^\[  (PASSED|FAILED) |tests ran'
-      fi
-      env $envs MLA_BENCH_VARIANT="$label" timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$mla" bench \
-        --device cuda --quick --ops decode --out "$OUT/h200.jsonl"
+      echo "== variant $label ($dir, $(cat "$dir/COMMIT" 2>/dev/null))"
+      timeout 120 "$dir/mla_gpu_tests" --gtest_filter="${GPU_AB_TEST_FILTER:-AbsorbedDevice.*:*absorbed*}" \
+        2>&1 | grep -E '^\[  (PASSED|FAILED) |tests ran'
+      MLA_BENCH_VARIANT="$label" MLA_COMMIT="$(cat "$dir/COMMIT" 2>/dev/null || echo unknown)" \
+        timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$dir/mla" bench --device cuda --quick --ops decode \
+        --out "$OUT/h200.jsonl"
     } >> "$OUT/bench_ab.log" 2>&1
     summary+=("variant    $label: $(grep -A3 "== variant $label" "$OUT/bench_ab.log" | grep -E 'PASSED|FAILED' | tr '\n' ' ')")
   done

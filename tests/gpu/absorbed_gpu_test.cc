@@ -217,21 +217,29 @@ TEST_F(AbsorbedDevice, Bf16IgnoresKScale) {
 
 // Runs one batch eagerly (outputs poisoned first) and checks o / lse against the reference;
 // returns the plan header so callers can check the tile shape and the split. nan_unused: every
-// cache slot no request uses (the rest of a last page, unallocated pages) holds bf16 NaN, so a
-// kernel that lets a row past kv_end reach P V (0 * NaN) fails.
+// cache slot no request uses (the rest of a last page, unallocated pages) holds NaN (bf16, or
+// fp8 e4m3 0x7f), so a kernel that lets a row past kv_end reach P V (0 * NaN) fails.
 PlanHeader run_against_reference(const AbsorbedAttentionOp* op, uint64_t seed, int heads,
-                                 int page, const Batch& b, bool nan_unused = false) {
+                                 int page, const Batch& b, bool nan_unused = false,
+                                 DType cache_dtype = DType::kBF16, float k_scale = 1.0f) {
   PlanHeader h{};
-  DeviceProblem d = make_problem(seed, heads, page, b);
+  DeviceProblem d = make_problem(seed, heads, page, b, cache_dtype, k_scale);
   if (nan_unused) {
     std::vector<char> used(static_cast<std::size_t>(d.layout.num_slots), 0);
     for (std::size_t r = 0; r < b.kv_lens.size(); ++r) {
       for (int64_t i = 0; i < b.kv_lens[r]; ++i) used[d.layout.slot(static_cast<int>(r), i)] = 1;
     }
     const uint16_t nan_bits = 0x7fc0;
+    const bool fp8 = cache_dtype == DType::kFP8E4M3;
     for (int64_t slot = 0; slot < d.layout.num_slots; ++slot) {
       if (used[slot]) continue;
-      for (int c = 0; c < 576; ++c) std::memcpy(&d.cache.bytes[(slot * 576 + c) * 2], &nan_bits, 2);
+      for (int c = 0; c < 576; ++c) {
+        if (fp8) {
+          d.cache.bytes[slot * 576 + c] = static_cast<decltype(d.cache.bytes)::value_type>(0x7f);
+        } else {
+          std::memcpy(&d.cache.bytes[(slot * 576 + c) * 2], &nan_bits, 2);
+        }
+      }
     }
   }
   int64_t max_tokens = 0;
@@ -253,7 +261,7 @@ PlanHeader run_against_reference(const AbsorbedAttentionOp* op, uint64_t seed, i
   return h;
 }
 
-// 64-row tiles (the sm90 wgmma kernel when MLA_ABSORBED_WGMMA is not 0): heads x q_len = 64,
+// 64-row tiles (every tile of the sm90 kernel runs as 64 wgmma rows): heads x q_len = 64,
 // 128, 256 rows, page 1 and 64, short / ragged / long (split) key ranges.
 TEST_F(AbsorbedDevice, RowTiles64MatchReference) {
   struct Case {
@@ -298,6 +306,20 @@ TEST_F(AbsorbedDevice, RowsPastKvEndNeverReachTheOutput) {
       const PlanHeader h =
           run_against_reference(op_, mix_seed(base_seed(), 4000 + i++), heads, page, b, true);
       EXPECT_EQ(h.rows_per_tile, 64);
+    }
+  }
+}
+
+// The same for an fp8 cache (NaN = 0x7f), where the kernel converts each landed tile and must
+// zero the rows past kv_end itself; 16 heads (16-row tiles run as 64 wgmma rows) and 128.
+TEST_F(AbsorbedDevice, Fp8RowsPastKvEndNeverReachTheOutput) {
+  const Batch b{{}, {1, 1, 1, 1, 1}, {1000, 77, 5, 1, 130}};
+  int i = 0;
+  for (int heads : {16, 128}) {
+    for (int page : {16, 64, 128, 1}) {
+      SCOPED_TRACE("fp8, heads " + std::to_string(heads) + ", page " + std::to_string(page));
+      run_against_reference(op_, mix_seed(base_seed(), 5000 + i++), heads, page, b, true,
+                            DType::kFP8E4M3, 0.75f);
     }
   }
 }

@@ -279,6 +279,7 @@ StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnC
   h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
   h.units_offset = static_cast<int32_t>(layout.units_offset);
   h.combines_offset = static_cast<int32_t>(layout.combines_offset);
+  h.tma_box_rows = p.page_size >= 64 ? 64 : 0;  // the chooser's load path (added later)
   std::memcpy(base, &h, sizeof(h));
   std::memcpy(base + layout.cta_begin_offset, cta_begin.data(),
               sizeof(int32_t) * cta_begin.size());

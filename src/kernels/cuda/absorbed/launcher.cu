@@ -25,32 +25,15 @@ LaunchResult launch_one(const char* name, const AbsorbedParams& params, int num_
 }
 
 LaunchResult launch_attention(const AbsorbedParams& params, int num_ctas, cudaStream_t stream) {
-  if (params.kv_cache_fp8 != nullptr) {
-    return launch_one<absorbed_attention_fp8_kernel, kSmemBytes>(
-        "launch of absorbed_attention_fp8_kernel", params, num_ctas, stream);
+  switch (static_cast<AbsorbedKernel>(params.kernel)) {
+    case AbsorbedKernel::kSm90:
+      return launch_one<absorbed_attention_sm90_kernel<false>, kSm90SmemBytes>(
+          "launch of absorbed_attention_sm90_kernel<false>", params, num_ctas, stream);
+    case AbsorbedKernel::kSm90Fp8:
+      return launch_one<absorbed_attention_sm90_kernel<true>, kSm90SmemBytes>(
+          "launch of absorbed_attention_sm90_kernel<true>", params, num_ctas, stream);
   }
-  switch (params.wgmma_tiles) {
-    case 3:
-      if (params.num_heads >= kMaxRows) {  // every plan has 64-row tiles
-        if (params.diag == 1) {
-          return launch_one<absorbed_attention_sm90_ws_kernel<1>, kSm90WsSmemBytes>(
-              "launch of absorbed_attention_sm90_ws_kernel<1>", params, num_ctas, stream);
-        }
-        if (params.diag == 2) {
-          return launch_one<absorbed_attention_sm90_ws_kernel<2>, kSm90WsSmemBytes>(
-              "launch of absorbed_attention_sm90_ws_kernel<2>", params, num_ctas, stream);
-        }
-        return launch_one<absorbed_attention_sm90_ws_kernel<0>, kSm90WsSmemBytes>(
-            "launch of absorbed_attention_sm90_ws_kernel<0>", params, num_ctas, stream);
-      }
-      [[fallthrough]];
-    case 2:
-      return launch_one<absorbed_attention_sm90_kernel, kSm90SmemBytes>(
-          "launch of absorbed_attention_sm90_kernel", params, num_ctas, stream);
-    default:
-      return launch_one<absorbed_attention_kernel, kSmemBytes>(
-          "launch of absorbed_attention_kernel", params, num_ctas, stream);
-  }
+  return {cudaErrorInvalidValue, "absorbed attention: unknown kernel"};
 }
 
 }  // namespace

@@ -3,9 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 
+#include "kernels/cuda/absorbed/choose.h"
 #include "kernels/cuda/absorbed/launcher.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
@@ -20,49 +19,8 @@ namespace {
 
 // Without a device (host-only planning tests) plans are made for an H200's 132 SMs.
 constexpr int kDefaultCtas = 132;
-
-// The sm90 kernel for 64-row tiles of a bf16 cache: version 3 (default), MLA_ABSORBED_WGMMA=v2
-// version 2, =0 the mma.sync kernel for every tile (A/B comparisons). MLA_ABSORBED_TMA=0 makes
-// version 3 gather by cp.async at every page size. Read once: the choice is fixed for the
-// process, so a captured graph never sees it change.
-int wgmma_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("MLA_ABSORBED_WGMMA");
-    if (v == nullptr) return 3;
-    const std::string_view s(v);
-    return s == "0" ? 0 : s == "v2" ? 2 : 3;
-  }();
-  return mode;
-}
-
-// Version 3 gathers pages of 64 and 128 by TMA in boxes of 64 key rows and smaller pages by
-// cp.async (measured on the H200: TMA-64 beat cp.async at page 64, TMA boxes of 16 rows lost to
-// it; docs/cuda-notes.md). A/B: MLA_ABSORBED_TMA=0 (cp.async everywhere) or 16 (boxes of 16
-// rows, pages >= 16); MLA_ABSORBED_TMA_L2=0/64/128/256 (the copies' L2 promotion, default 256).
-int tma_box_rows() {
-  static const int rows = [] {
-    const char* v = std::getenv("MLA_ABSORBED_TMA");
-    const std::string_view s(v == nullptr ? "64" : v);
-    return s == "16" ? 16 : s == "0" ? 0 : 64;
-  }();
-  return rows;
-}
-int tma_l2_bytes() {
-  static const int bytes = [] {
-    const char* v = std::getenv("MLA_ABSORBED_TMA_L2");
-    return v == nullptr ? 256 : std::atoi(v);
-  }();
-  return bytes;
-}
-// Measurement only: MLA_ABSORBED_DIAG=1 skips every key load after a CTA's first two tiles
-// (compute alone), =2 skips the tensor-core work (loads alone). Results are wrong by design.
-int diag_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("MLA_ABSORBED_DIAG");
-    return v == nullptr ? 0 : std::atoi(v);
-  }();
-  return mode;
-}
+// L2 promotion of the TMA key loads (256-byte fills).
+constexpr int kTmaL2PromotionBytes = 256;
 
 int grid_ctas() {
   const int n = sm_count(current_device());
@@ -72,18 +30,7 @@ int grid_ctas() {
 class CudaAbsorbedOp final : public AbsorbedAttentionOp {
  public:
   Status supports(int num_heads, int page_size, DType cache_dtype) const override {
-    if (!is_supported_head_count(num_heads)) {
-      return unsupported("cuda absorbed: num_heads = {} (supported: 16, 32, 64, 128)", num_heads);
-    }
-    if (!is_supported_page_size(page_size)) {
-      return unsupported("cuda absorbed: page_size = {} (supported: 1, 16, 32, 64, 128)",
-                         page_size);
-    }
-    if (cache_dtype != DType::kBF16 && cache_dtype != DType::kFP8E4M3) {
-      return unsupported("cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
-                         dtype_name(cache_dtype));
-    }
-    return Status::Ok();
+    return absorbed::choose_kernel(num_heads, 1, page_size, cache_dtype).status();
   }
 
   std::size_t plan_bytes(const AttnCapacity& cap) const override {
@@ -104,10 +51,6 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     MLA_CHECK_ARG(ctx.device.is_cuda(), "cuda absorbed: exec device is {}", ctx.device.to_string());
     const Device dev = ctx.device;
     const bool fp8 = a.kv_cache.dtype == DType::kFP8E4M3;
-    if (a.kv_cache.dtype != DType::kBF16 && !fp8) {
-      return unsupported("cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
-                         dtype_name(a.kv_cache.dtype));
-    }
     if (fp8) {  // the scale applies to fp8 only; a bf16 cache ignores it (SYSTEM.md 7)
       MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f,
                     "k_scale = {} must be positive for an fp8 cache", a.k_scale);
@@ -117,6 +60,12 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, 576}, dev));
     MLA_CHECK_ARG(is_supported_head_count(static_cast<int>(heads)),
                   "q: num_heads = {} (supported: 16, 32, 64, 128)", heads);
+    // The kernel depends on neither q_len nor the page (tests/unit/cuda_absorbed_choose_test.cc),
+    // so a captured graph replays the same kernel after any re-plan; the tile rows and the key
+    // load path that do depend on them are the plan's (plan() wrote the chooser's into its
+    // header).
+    MLA_ASSIGN_OR_RETURN(const absorbed::KernelChoice choice,
+                         absorbed::choose_kernel(static_cast<int>(heads), 1, 1, a.kv_cache.dtype));
     MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, 576}, dev));
     MLA_RETURN_IF_ERROR(
         expect_tensor(a.req_to_token, "req_to_token", DType::kI32, {-1, -1}, dev, false));
@@ -147,18 +96,22 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.plan = static_cast<const unsigned char*>(a.plan);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f * (fp8 ? a.k_scale : 1.f);
     p.o_scale = fp8 ? a.k_scale : 1.f;
-    p.wgmma_tiles = fp8 ? 0 : wgmma_mode();  // the sm90 kernels read bf16 caches only
+    p.kernel = static_cast<int32_t>(choice.kernel);
     p.num_heads = static_cast<int32_t>(heads);
-    if (p.wgmma_tiles == 3) {
-      p.diag = diag_mode();
-      if (const int rows = tma_box_rows(); rows > 0) {
-        p.kv_tmap_rows = rows;
-        p.kv_tmap_valid = sm90::cached_bf16_tensor_map_sw128(
-                              a.kv_cache.data, a.kv_cache.shape[0], 576, a.kv_cache.stride[0],
-                              rows, 64, tma_l2_bytes(), p.kv_tmap)
-                              ? 1
-                              : 0;
-      }
+    {  // used when the plan says TMA (choose_kernel: pages of 64 and more)
+      // bf16: boxes of 64 key rows x 64 columns in the 128-byte swizzle (the wgmma layout);
+      // fp8: 64 rows x 64 bytes, unswizzled (converted to bf16 in shared memory by the kernel).
+      sm90::TensorMap2d t;
+      t.base = a.kv_cache.data;
+      t.elem_bytes = fp8 ? 1 : 2;
+      t.rows = a.kv_cache.shape[0];
+      t.cols = 576;
+      t.row_stride_elems = a.kv_cache.stride[0];
+      t.box_rows = absorbed::kTmaBoxRows;
+      t.box_cols = 64;
+      t.swizzle128 = !fp8;
+      t.l2_promotion_bytes = kTmaL2PromotionBytes;
+      p.kv_tmap_valid = sm90::cached_tensor_map_2d(t, p.kv_tmap) ? 1 : 0;
     }
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     const absorbed::LaunchResult r = absorbed::launch_absorbed(p, ctas, stream);

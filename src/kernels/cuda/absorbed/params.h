@@ -7,6 +7,13 @@
 
 namespace mla::cuda::absorbed {
 
+// The kernels of the absorbed op; choose_kernel (choose.h) picks one per (heads, q_len, page,
+// cache dtype) and the launcher runs the one named in AbsorbedParams::kernel.
+enum class AbsorbedKernel : int32_t {
+  kSm90 = 1,        // sm90_ws.cuh: 64-row wgmma tiles, warp-specialised, TMA / cp.async (bf16)
+  kSm90Fp8 = 2,     // the same over an fp8 e4m3 cache (tiles converted in shared memory)
+};
+
 // Plan bytes: PlanHeader | cta_unit_begin int32[num_ctas + 1] | WorkUnit[max_units] |
 // CombineUnit[max_combines]. Offsets are in the header so the kernels need nothing else.
 struct PlanHeader {
@@ -21,9 +28,12 @@ struct PlanHeader {
   int32_t cta_begin_offset;  // byte offset of cta_unit_begin
   int32_t units_offset;      // byte offset of the WorkUnit array
   int32_t combines_offset;   // byte offset of the CombineUnit array
-  int32_t reserved;
+  int32_t tma_box_rows;      // sm90 kernel: key rows per TMA box (kTmaBoxRows), 0: cp.async
 };
 static_assert(sizeof(PlanHeader) == 48);
+
+// Key rows per TMA box of the sm90 kernel's key loads (one 64-key tile = 9 boxes of 64 x 64).
+inline constexpr int32_t kTmaBoxRows = 64;
 
 // One piece of work: a tile of rows of one request against a key range.
 struct WorkUnit {
@@ -62,20 +72,18 @@ struct AbsorbedParams {
   float* partial_lse;            // f32 [max_partials, 64] (workspace)
   const unsigned char* plan;     // device copy of the plan bytes
   float scale_log2;              // sm_scale * log2(e) (* k_scale for fp8): base-2 logits
-  int32_t wgmma_tiles;           // 0: mma.sync kernel; 3 / 2: sm90 kernel version 3 / 2 (bf16)
-  int32_t num_heads;             // H (picks the kernel: version 3 needs H >= 64)
+  int32_t kernel;                // AbsorbedKernel chosen by choose_kernel (choose.h)
+  int32_t num_heads;             // H
   // fp8 e4m3 cache (kv_cache unused): rows of 576 bytes. The kernel converts the stored values
   // to bf16 exactly; k_scale is folded into scale_log2 (logits) and o_scale (o = P @ V).
   const unsigned char* kv_cache_fp8;  // fp8 [num_slots, 576], or null for a bf16 cache
   float o_scale;                      // k_scale for fp8, 1 for bf16
-  // TMA tensor map (CUtensorMap) over kv_cache as bf16 [num_slots, 576], boxes of kv_tmap_rows
-  // rows x 64 columns, 128-byte swizzle; read through the kernel parameter (__grid_constant__).
-  // Used by the sm90 version-3 kernel for page sizes >= kv_tmap_rows when kv_tmap_valid (else
-  // cp.async).
+  // TMA tensor map (CUtensorMap) over the cache, boxes of kTmaBoxRows key rows x 64 columns
+  // (bf16: 128-byte swizzle), read through the kernel parameter (__grid_constant__). Used by the
+  // sm90 kernel when the plan header's tma_box_rows > 0 (choose_kernel: pages of 64 and more)
+  // and kv_tmap_valid (the driver encoded it); otherwise its loads are cp.async gathers.
   alignas(64) unsigned char kv_tmap[128];
   int32_t kv_tmap_valid;
-  int32_t kv_tmap_rows;  // box rows: 16 or 64 (used for page sizes >= kv_tmap_rows)
-  int32_t diag;          // measurement only (MLA_ABSORBED_DIAG): 1 compute-only, 2 loads-only
 };
 
 }  // namespace mla::cuda::absorbed

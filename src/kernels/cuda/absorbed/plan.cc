@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cuda/absorbed/choose.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/traits.h"
 #include "mla/kv_pool.h"
@@ -591,7 +592,11 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
 
   const int heads = p.num_heads;
   const int heads_log2 = std::countr_zero(static_cast<unsigned>(heads));  // a power of two
-  const int rows_tile = rows_per_tile(heads, std::max<int32_t>(max_q, 1));
+  // The chooser's tile rows and key load path (the same for both cache dtypes).
+  MLA_ASSIGN_OR_RETURN(const KernelChoice choice,
+                       choose_kernel(heads, std::max<int32_t>(max_q, 1), p.page_size,
+                                     DType::kBF16));
+  const int rows_tile = choice.tile_rows;
   // Row tiles of a request: consecutive flat rows (token * H + head); the most any request has.
   const int max_tiles_per_req =
       static_cast<int>((int64_t{max_q} * heads + rows_tile - 1) / rows_tile);
@@ -694,6 +699,7 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
   h.units_offset = static_cast<int32_t>(layout.units_offset);
   h.combines_offset = static_cast<int32_t>(layout.combines_offset);
+  h.tma_box_rows = choice.tma_box_rows;
   std::memcpy(base, &h, sizeof(h));
   // Bytes through the last combine written: the upload can stop there.
   return layout.combines_offset + sizeof(CombineUnit) * static_cast<std::size_t>(out.num_combines);

@@ -1,6 +1,6 @@
-// Pieces shared by the Hopper (sm_90a) tile kernels of the absorbed op (sm90_v2.cuh,
-// sm90_ws.cuh): the shared-memory tile shape of a 64-row query tile or a 64-key tile in the
-// 128-byte swizzle, 16-byte cp.async with zero fill, the slot of a key, the query-tile gather.
+// Pieces of the Hopper (sm_90a) tile kernel of the absorbed op (sm90_ws.cuh): the shared-memory
+// tile shape of a 64-row query tile or a 64-key tile in the 128-byte swizzle, the query-tile
+// gather, the output write, the logits' scale / mask / max.
 //
 // Tile layout: [9 column blocks][64 rows][128 B]; chunk c of row r at c ^ (r % 8) inside its
 // block (sm90/wgmma.cuh), base aligned to 1024 bytes, so one key tile serves as the K-major B
@@ -12,8 +12,10 @@
 #include <cstdint>
 
 #include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/slots.cuh"
 #include "kernels/cuda/absorbed/softmax.cuh"
 #include "kernels/cuda/absorbed/traits.h"
+#include "kernels/cuda/sm90/ptx.cuh"
 #include "kernels/cuda/sm90/wgmma.cuh"
 
 namespace mla::cuda::absorbed::wg {
@@ -30,20 +32,6 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int ch) {
   return static_cast<uint32_t>((ch >> 3) * kBlockBytes) + sw128_offset(r, ch & 7);
 }
 
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-
-// Slot of `key` of request row pool_row; -1 at or past kv_end.
-__device__ __forceinline__ int32_t slot_of(const AbsorbedParams& p, int pool_row, int kv_end,
-                                           int key, int page_size) {
-  if (key >= kv_end) return -1;
-  const int32_t* row = p.req_to_token + static_cast<int64_t>(pool_row) * p.req_to_token_stride;
-  if (page_size == 1) return row[key];
-  return row[(key / page_size) * page_size] + key % page_size;
-}
-
 // The unit's query rows into the Q tile by threads [0, kLoaders) (rows past num_rows read as 0).
 template <int kLoaders>
 __device__ __forceinline__ void load_q(const AbsorbedParams& p, const WorkUnit& u, uint32_t q_s,
@@ -53,13 +41,8 @@ __device__ __forceinline__ void load_q(const AbsorbedParams& p, const WorkUnit& 
     const bool valid = r < u.num_rows;
     const uint16_t* src =
         valid ? p.q + (static_cast<int64_t>(u.q_row_begin) + r) * kDimQk + ch * 8 : p.q;
-    cp16(q_s + tile_offset(r, ch), src, valid);
+    cp_async_16(q_s + tile_offset(r, ch), src, valid);
   }
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 __device__ __forceinline__ int key_tiles(const WorkUnit& u) {
@@ -90,7 +73,7 @@ __device__ __forceinline__ void write_o(const AbsorbedParams& p, const WorkUnit&
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-            pack2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+            pack_bf16(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       }
       if (lse_writer) p.lse[row] = lse[i];
     } else {

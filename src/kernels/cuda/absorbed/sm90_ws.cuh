@@ -1,6 +1,8 @@
-// Absorbed paged MLA attention, version 3 (Hopper, sm_90a): 64-row tiles on wgmma with the two
-// warpgroups in different roles, so one warpgroup's softmax runs under the other's tensor work
-// and the key loads are issued by the warpgroup with the lighter load.
+// Absorbed paged MLA attention, version 3 (Hopper, sm_90a): every tile as 64 wgmma rows (a
+// plan's 16 / 32-row tiles run with the rows past num_rows zero, so 16 or 32 heads with q_len up
+// to 4 read each key once per request), with the two warpgroups in different roles, so one
+// warpgroup's softmax runs under the other's tensor work and the key loads are issued by the
+// warpgroup with the lighter load.
 //
 // Per 64-key tile t (stage s = t % 2 of a double-buffered key ring):
 //   warpgroup 0 (threads 0-127): S = Q K^T for all 64 keys (m64n64k16 SS x 36), online softmax
@@ -10,11 +12,14 @@
 //     tile t + 2 issued) without waiting for tile t + 1 to land.
 //   warpgroup 1 (threads 128-255): O[:, 256:512] += P V[:, 256:512] (m64n256k16 SS x 4, P from
 //     shared memory), then, once both warpgroups are done with stage s, loads tile t + 2 into it:
-//     pages of >= kv_tmap_rows keys (64 by default) by TMA (9 boxes of 64 key rows x 64 columns
-//     per tile, the 128-byte swizzle applied by the copy engine; a tile's rows past kv_end are
-//     zeroed by warpgroup 0 after the copy), smaller pages by 16-byte cp.async of all 128
-//     threads (zero fill past kv_end); both complete on the stage's mbarrier. Slots are looked
-//     up one tile before they are needed.
+//     when the plan header's tma_box_rows is 64 (pages of 64 and more) by TMA (9 boxes of 64 key
+//     rows x 64 columns per tile; bf16: the 128-byte swizzle applied by the copy engine, a
+//     tile's rows past kv_end zeroed by warpgroup 0 after the copy), smaller pages by 16-byte
+//     cp.async of all 128 threads (zero fill past kv_end); both complete on the stage's
+//     mbarrier. Slots are looked up one tile before they are needed.
+//   fp8 cache: the raw rows land in the upper half of each column block of the stage, and
+//     warpgroup 1 converts tile t + 1 to bf16 in place (rows past kv_end as zeros) before it
+//     waits for tile t's P, completing on the mbarrier conv[s] that warpgroup 0 waits on.
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
@@ -41,12 +46,12 @@ inline constexpr int kKvOff = kTileBytes;
 inline constexpr int kPOff = kKvOff + 2 * kTileBytes;  // bf16 [64 rows][64 keys], swizzled
 inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [64]: rescale factors of tile t
 inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row sum per unit
-// mbarriers full[2], p_ready, sums_ready, sums_free
+// mbarriers full[2], p_ready, sums_ready, sums_free, conv[2] (fp8: tile converted)
 inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;
-inline constexpr int kSmemBytes = kBarOff + 5 * 8 + 1024;  // + alignment slack
+inline constexpr int kSmemBytes = kBarOff + 7 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
 
-enum Barrier : int { kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5 };
+enum Barrier : int { kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5, kWg1 = 6 };
 
 // The producer's position: the next key tile of this CTA to load (tiles of its units in order,
 // units without keys skipped).
@@ -88,28 +93,31 @@ __device__ __forceinline__ void fetch_slots(const AbsorbedParams& p, const PlanH
   }
 }
 
+// fp8: where the raw rows of a tile land inside its stage: the 64 bytes of column block b of
+// key row r at b * kBlockBytes + kFp8RawOff + 64 r (the upper half of bf16 block b, which the
+// conversion overwrites only after every thread has read that block).
+inline constexpr int kFp8RawOff = kBlockBytes / 2;
+
 // Loads the cursor's tile into the stage at k_tile, completing on the mbarrier `full`.
-// skip (measurement only): arrive without loading.
+// bf16: the swizzled wgmma layout; fp8: raw rows as above (convert_fp8_tile makes them bf16).
+template <bool kFp8>
 __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor& c, int box_rows,
                                            int tw, const int32_t (&sl)[4], uint32_t k_tile,
-                                           uint32_t full, bool skip) {
+                                           uint32_t full) {
   const int key0 = c.kv_begin + c.t * kBlockN;
+  constexpr int kRowBytesPerBlock = kFp8 ? 64 : 128;  // bytes of one key row in a column block
   if (box_rows > 0) {
-    const int boxes = skip ? 0
-                           : min(kBlockN / box_rows, (c.kv_end - key0 + box_rows - 1) / box_rows);
-    const int box_bytes = box_rows * 128;
+    const int boxes = min(kBlockN / box_rows, (c.kv_end - key0 + box_rows - 1) / box_rows);
+    const int box_bytes = box_rows * kRowBytesPerBlock;
     if (tw == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(boxes * kBlocks * box_bytes));
     if (tw < boxes) {
       // A box whose slot lies outside the cache reads as zeros (and still counts its bytes).
+      const uint32_t dst = k_tile + (kFp8 ? kFp8RawOff : 0) + tw * box_bytes;
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
-        tma_load_2d(k_tile + b * kBlockBytes + tw * box_bytes, p.kv_tmap, 64 * b, sl[0], full);
+        tma_load_2d(dst + b * kBlockBytes, p.kv_tmap, 64 * b, sl[0], full);
       }
     }
-    return;
-  }
-  if (skip) {
-    mbar_arrive_cp_async(full);
     return;
   }
   const int chunk = tw & 7;
@@ -117,24 +125,80 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
   for (int j = 0; j < 4; ++j) {
     const int r = (tw >> 3) + 16 * j;
     const bool valid = sl[j] >= 0;
-    const uint16_t* src = valid ? p.kv_cache + static_cast<int64_t>(sl[j]) * kDimQk : p.kv_cache;
+    if constexpr (kFp8) {
+      // 36 chunks of 16 bytes per row, chunks chunk + 8 i of this thread.
+      const unsigned char* src =
+          valid ? p.kv_cache_fp8 + static_cast<int64_t>(sl[j]) * kDimQk : p.kv_cache_fp8;
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      cp16(k_tile + b * kBlockBytes + sw128_offset(r, chunk), src + (valid ? 64 * b + 8 * chunk : 0),
-           valid);
+      for (int i = 0; i < 5; ++i) {
+        const int k = chunk + 8 * i;
+        if (k < kDimQk / 16) {
+          cp_async_16(k_tile + (k >> 2) * kBlockBytes + kFp8RawOff + r * 64 + (k & 3) * 16,
+                      src + (valid ? 16 * k : 0), valid);
+        }
+      }
+    } else {
+      const uint16_t* src =
+          valid ? p.kv_cache + static_cast<int64_t>(sl[j]) * kDimQk : p.kv_cache;
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        cp_async_16(k_tile + b * kBlockBytes + sw128_offset(r, chunk),
+                    src + (valid ? 64 * b + 8 * chunk : 0), valid);
+      }
     }
   }
   mbar_arrive_cp_async(full);
 }
 
+// fp8: once the raw tile of cursor c has landed in `stage` (mbarrier full, phase parity), the
+// 128 threads of warpgroup 1 (tw) convert it to the bf16 wgmma layout in place, block by block
+// (each block's raw bytes are read into registers before a warpgroup barrier, then written as
+// bf16), rows at or past kv_end as zeros; then fence for the tensor cores and arrive on `conv`.
+__device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cursor& c,
+                                                 uint32_t full, uint32_t conv, uint32_t parity,
+                                                 int tw) {
+  mbar_wait(full, parity);
+  const int valid_rows = c.kv_end - (c.kv_begin + c.t * kBlockN);
+  const int row = tw >> 1, half = tw & 1;  // 32 bytes of one row of a block per thread
+  const bool keep = row < valid_rows;
+  const unsigned char* raw = stage + kFp8RawOff + row * 64 + half * 32;
+  uint4 cur0 = *reinterpret_cast<const uint4*>(raw);
+  uint4 cur1 = *reinterpret_cast<const uint4*>(raw + 16);
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) {
+    bar_sync(kWg1, 128);  // every thread has read block b's raw bytes
+    uint4 nxt0 = make_uint4(0, 0, 0, 0), nxt1 = make_uint4(0, 0, 0, 0);
+    if (b + 1 < kBlocks) {
+      nxt0 = *reinterpret_cast<const uint4*>(raw + (b + 1) * kBlockBytes);
+      nxt1 = *reinterpret_cast<const uint4*>(raw + (b + 1) * kBlockBytes + 16);
+    }
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    unsigned char* dst = stage + b * kBlockBytes;
+    const int c0 = 4 * half;
+    *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 0)) =
+        keep ? fp8x8_to_bf16x8(make_uint2(cur0.x, cur0.y)) : z;
+    *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 1)) =
+        keep ? fp8x8_to_bf16x8(make_uint2(cur0.z, cur0.w)) : z;
+    *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 2)) =
+        keep ? fp8x8_to_bf16x8(make_uint2(cur1.x, cur1.y)) : z;
+    *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 3)) =
+        keep ? fp8x8_to_bf16x8(make_uint2(cur1.z, cur1.w)) : z;
+    cur0 = nxt0;
+    cur1 = nxt1;
+  }
+  fence_proxy_async();  // the bf16 stores -> the tensor cores of both warpgroups
+  mbar_arrive(conv);
+}
+
 }  // namespace ws
 
-// Inlined into its own kernel (absorbed_attention_sm90_ws_kernel): a wgmma pipeline must not
+// Inlined into its own kernel (absorbed_attention_sm90_kernel): a wgmma pipeline must not
 // cross a function call (ptxas C7510 serialises every wgmma then), and sharing a kernel with the
-// mma.sync variants spilled.
-// kDiag (measurement only, MLA_ABSORBED_DIAG): 1 loads only a CTA's first two tiles (compute
-// alone), 2 skips the wgmmas (loads alone); both produce wrong results.
-template <int kDiag>
+// mma.sync variants spilled. kFp8: an fp8 e4m3 cache (p.kv_cache_fp8), each tile converted to
+// bf16 in its stage by warpgroup 1 (convert_fp8_tile) one tile ahead of its use, before that
+// warpgroup waits for the current tile's P; warpgroup 0 waits on conv[s] instead of full[s].
+// k_scale is in p.scale_log2 (logits) and p.o_scale (output).
+template <bool kFp8>
 __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
   using namespace ws;
   const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
@@ -148,11 +212,11 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
   const uint32_t q_s = base + kQOff, kv_s = base + kKvOff, p_s = base + kPOff;
   const uint32_t full0 = base + kBarOff;  // full[s] at full0 + 8 s
   const uint32_t p_ready = full0 + 16, sums_ready = full0 + 24, sums_free = full0 + 32;
+  const uint32_t conv0 = full0 + 40;  // fp8: conv[s] at conv0 + 8 s
   float* alpha_s = reinterpret_cast<float*>(smem + kAlphaOff);
   float* inv_s = reinterpret_cast<float*>(smem + kInvOff);
   const uint64_t desc_k0 = desc_k_sw128(0), desc_mn0 = desc_mn_sw128(0, kBlockBytes);
-  const int box_rows =
-      p.kv_tmap_valid != 0 && h.page_size >= p.kv_tmap_rows ? p.kv_tmap_rows : 0;  // 0: cp.async
+  const int box_rows = p.kv_tmap_valid != 0 ? h.tma_box_rows : 0;  // 0: cp.async
   const bool tma = box_rows > 0;
 
   const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
@@ -165,12 +229,17 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     mbar_init(p_ready, 128);
     mbar_init(sums_ready, 128);
     mbar_init(sums_free, 128);
+    if constexpr (kFp8) {
+      mbar_init(conv0, 128);
+      mbar_init(conv0 + 8, 128);
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
 
   // Producer prologue: tiles 0 and 1 of the CTA, then the slots of tile 2.
   Cursor cur{u_begin, u_end, 0, 0, 0, 0, 0};
+  Cursor cv = cur;  // fp8, warpgroup 1: the next tile to convert
   int32_t sl[4] = {-1, -1, -1, -1};
   if (wgi == 1) {
     if (tma && tw == 0) prefetch_tensormap(p.kv_tmap);
@@ -182,13 +251,21 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
       cur.kv_end = u.kv_end;
       cursor_seek(units, cur);
     }
+    cv = cur;
     for (int i = 0; i < 2 && cur.valid(); ++i) {
       fetch_slots(p, h, cur, box_rows, tw, sl);
-      issue_tile(p, cur, box_rows, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i, false);
+      issue_tile<kFp8>(p, cur, box_rows, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i);
       ++cur.t;
       cursor_seek(units, cur);
     }
     fetch_slots(p, h, cur, box_rows, tw, sl);
+    if constexpr (kFp8) {  // tile 0 of the CTA
+      if (cv.valid()) {
+        convert_fp8_tile(smem + kKvOff, cv, full0, conv0, 0, tw);
+        ++cv.t;
+        cursor_seek(units, cv);
+      }
+    }
   }
 
   int g = 0;              // tiles of this CTA consumed so far (both warpgroups count alike)
@@ -207,9 +284,9 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     if (wgi == 0 && n_tiles > 0) {
       if (q_for != ui) {
         load_q<128>(p, u, q_s, tw);
-        asm volatile("cp.async.commit_group;\n");
+        cp_async_commit();
       }
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      cp_async_wait<0>();
       fence_proxy_async();
       bar_sync(kWg0, 128);
     }
@@ -230,8 +307,8 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         wgmma_wait<0>();
         fence_regs(o);
         if (t > 0) bar_arrive(kStageFree + (s ^ 1), 256);
-        mbar_wait(full, parity);
-        if (tma && u.kv_end - key0 < kBlockN) {
+        mbar_wait(kFp8 ? conv0 + 8 * s : full, parity);
+        if (!kFp8 && tma && u.kv_end - key0 < kBlockN) {
           // Rows past kv_end hold other slots' rows (or stale data): zero them so 0 * NaN
           // cannot reach O.
           const int valid = u.kv_end - key0;
@@ -248,23 +325,18 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         // compute_qk: S[64 rows x 64 keys] over 576 dims.
         float sc[32];
         wgmma_fence();
-        if constexpr (kDiag != 2) {
 #pragma unroll
-          for (int kk = 0; kk < kDimQk / 16; ++kk) {
-            const uint32_t koff = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-            wgmma_ss_bf16<64, 0>(sc, desc_k0 + ((q_s + koff) >> 4),
-                                 desc_k0 + ((k_tile + koff) >> 4), kk > 0);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+        for (int kk = 0; kk < kDimQk / 16; ++kk) {
+          const uint32_t koff = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          wgmma_ss_bf16<64, 0>(sc, desc_k0 + ((q_s + koff) >> 4),
+                               desc_k0 + ((k_tile + koff) >> 4), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sc);
         if (t == n_tiles - 1 && nu.kv_end > nu.kv_begin) {  // Q is free: fetch the next unit's
           load_q<128>(p, nu, q_s, tw);
-          asm volatile("cp.async.commit_group;\n");
+          cp_async_commit();
           q_for = ui + 1;
         }
 
@@ -280,8 +352,8 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         for (int j = 0; j < 8; ++j) {
           const float4 pr =
               softmax_probs(sc[4 * j + 0], sc[4 * j + 1], sc[4 * j + 2], sc[4 * j + 3], m_use, l);
-          pa[j >> 1][(j & 1) * 2 + 0] = pack2(pr.x, pr.y);
-          pa[j >> 1][(j & 1) * 2 + 1] = pack2(pr.z, pr.w);
+          pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(pr.x, pr.y);
+          pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pr.z, pr.w);
         }
         if (g > 0) bar_sync(kPFree, 256);  // warpgroup 1 is done with P / factors of g - 1
 #pragma unroll
@@ -302,26 +374,31 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         // compute_pv: O[:, 0:256] += P . V[:, 0:256], P from registers.
         rescale_o(o, alpha[0], alpha[1]);
         wgmma_fence();
-        if constexpr (kDiag != 2) {
 #pragma unroll
-          for (int ks = 0; ks < kBlockN / 16; ++ks) {
-            wgmma_rs_bf16<256, 1>(o, pa[ks], desc_mn0 + ((k_tile + ks * 2048) >> 4), true);
-          }
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          wgmma_rs_bf16<256, 1>(o, pa[ks], desc_mn0 + ((k_tile + ks * 2048) >> 4), true);
         }
         wgmma_commit();
       } else {
+        if constexpr (kFp8) {  // tile g + 1 (issued one tile ago) into bf16 in its stage
+          if (cv.valid()) {
+            const int s1 = (g + 1) & 1;
+            convert_fp8_tile(smem + kKvOff + s1 * kTileBytes, cv, full0 + 8 * s1, conv0 + 8 * s1,
+                             ((g + 1) >> 1) & 1, tw);
+            ++cv.t;
+            cursor_seek(units, cv);
+          }
+        }
         mbar_wait(p_ready, g & 1);
-        mbar_wait(full, parity);
+        mbar_wait(kFp8 ? conv0 + 8 * s : full, parity);
         fence_proxy_async();
         rescale_o(o, alpha_s[r_lo], alpha_s[r_hi]);
         // compute_pv: O[:, 256:512] += P . V[:, 256:512], P from shared memory.
         wgmma_fence();
-        if constexpr (kDiag != 2) {
 #pragma unroll
-          for (int ks = 0; ks < kBlockN / 16; ++ks) {
-            wgmma_ss_bf16<256, 1>(o, desc_k0 + ((p_s + ks * 32) >> 4),
-                                  desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
-          }
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          wgmma_ss_bf16<256, 1>(o, desc_k0 + ((p_s + ks * 32) >> 4),
+                                desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -329,7 +406,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         bar_arrive(kPFree, 256);
         bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
         if (cur.valid()) {
-          issue_tile(p, cur, box_rows, tw, sl, k_tile, full, kDiag == 1);
+          issue_tile<kFp8>(p, cur, box_rows, tw, sl, k_tile, full);
           ++cur.t;
           cursor_seek(units, cur);
           fetch_slots(p, h, cur, box_rows, tw, sl);
@@ -352,7 +429,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         for (int i = 0; i < 2; ++i) {
           l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
           l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-          inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+          inv[i] = l[i] > 0.f ? p.o_scale / l[i] : 0.f;  // o_scale: k_scale (fp8) or 1
           lse[i] = l[i] > 0.f ? (m[i] + log2f(l[i])) * ln2 : -INFINITY;
         }
         if (xc > 0) mbar_wait(sums_free, (xc - 1) & 1);  // the previous unit's sums were read
@@ -371,7 +448,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     }
     write_o(p, u, o, inv, lse, r_lo, wgi * 256 + 2 * (lane & 3), wgi == 0 && (lane & 3) == 0);
   }
-  if (wgi == 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  if (wgi == 0) cp_async_wait<0>();
 }
 
 }  // namespace mla::cuda::absorbed::wg

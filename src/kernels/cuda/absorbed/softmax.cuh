@@ -1,5 +1,5 @@
-// The online-softmax steps every absorbed tile kernel shares (mma.sync variants, sm90 versions 2
-// and 3). A thread holds two rows (lo, hi) of the tile; logits are in the base-2 domain
+// The online-softmax steps of the absorbed tile kernel (sm90_ws.cuh), kept apart from it. A
+// thread holds two rows (lo, hi) of the tile; logits are in the base-2 domain
 // (scale * log2(e) folded in), masked keys are -inf.
 #pragma once
 

@@ -1,8 +1,8 @@
 // MhaAttentionOp on CUDA: host planning (plan.cc) + the Hopper wgmma kernel (sm90_kernel.cuh).
-// (The FlashAttention-2 style mma.sync kernel it replaced was removed: docs/cuda-notes.md, v1.)
+// (The FlashAttention-2 style mma.sync kernel it replaced was removed:
+// docs/history/cuda-notes.md, v1.)
 
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 
 #include "kernels/cuda/common.h"
@@ -14,28 +14,6 @@
 
 namespace mla::cuda {
 namespace {
-
-// Tuning knobs of the wgmma kernel (read once): MLA_MHA_HEAD_GROUP (heads whose units run
-// together, >= 1; default: the plan's), MLA_MHA_PINGPONG and MLA_MHA_PREFETCH (0 turns the
-// warpgroup ordering / the cross-unit prefetch off).
-int env_int(const char* name, int fallback, int lo) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  const int v = std::atoi(env);
-  return v >= lo ? v : fallback;
-}
-int head_group() {
-  static const int v = env_int("MLA_MHA_HEAD_GROUP", 0, 1);  // 0: the plan's choice
-  return v;
-}
-int pingpong() {
-  static const int v = env_int("MLA_MHA_PINGPONG", 1, 0) != 0 ? 1 : 0;
-  return v;
-}
-int prefetch() {
-  static const int v = env_int("MLA_MHA_PREFETCH", 1, 0) != 0 ? 1 : 0;
-  return v;
-}
 
 class CudaMhaOp final : public MhaAttentionOp {
  public:
@@ -88,9 +66,6 @@ class CudaMhaOp final : public MhaAttentionOp {
     p.lse_row_stride = a.lse.empty() ? 0 : a.lse.stride[0];
     p.num_heads = static_cast<int>(h);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
-    p.head_group = head_group();
-    p.pingpong = pingpong();
-    p.prefetch = prefetch();
     const int grid = sm_count(dev.index);
     MLA_CHECK_CODE(StatusCode::kCudaError, grid > 0, "cuda mha: no multiprocessors on {}",
                    dev.to_string());

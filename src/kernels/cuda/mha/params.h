@@ -47,12 +47,6 @@ struct MhaParams {
   int64_t lse_row_stride;               // elements between tokens; heads contiguous
   int num_heads;
   float scale_log2;  // sm_scale * log2(e)
-  // wgmma kernel only (tuning knobs, set by mha_op.cc): head_group > 0 overrides the plan's,
-  // pingpong: whether warpgroup 1 issues its QK^T after warpgroup 0; prefetch: whether a
-  // unit's last step loads the next unit's Q and first K/V stage.
-  int head_group;
-  int pingpong;
-  int prefetch;
 };
 
 }  // namespace mla::cuda::mha

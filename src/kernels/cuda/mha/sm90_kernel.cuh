@@ -4,7 +4,8 @@
 // 128-byte-swizzled smem by cp.async from all 256 threads; S = Q K^T by wgmma m64n128k16 SS
 // (Q and K K-major), online softmax on the accumulator fragment (log2 domain), P stays in
 // registers as the A operand of O += P V (wgmma RS, V read MN-major). Same plan, LSE and
-// empty-row conventions as the FlashAttention-2 style v1 kernel it replaced (docs/cuda-notes.md).
+// empty-row conventions as the FlashAttention-2 style v1 kernel it replaced
+// (docs/history/cuda-notes.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,47 +14,24 @@
 
 #include "kernels/cuda/mha/params.h"
 #include "kernels/cuda/mha/traits.h"
+#include "kernels/cuda/sm90/ptx.cuh"
+#include "kernels/cuda/sm90/tma.cuh"
 #include "kernels/cuda/sm90/wgmma.cuh"
 
 namespace mla::cuda::mha::sm90k {
 
 using T9 = MhaTraits;
 
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 2^x with denormal results flushed to zero: one MUFU.EX2 (exp2f's non-ftz form adds a range
-// test and two multiplies around it). Probabilities below 2^-126 do not matter.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using sm90::cp_async_16;
+using sm90::cp_async_commit;
+using sm90::cp_async_wait;
+using sm90::exp2_ftz;
+using sm90::pack_bf16;
 
 // Named barrier 0 is __syncthreads; 1 orders the two warpgroups' QK^T issue; 2 marks Q free in
 // a unit's last step.
 constexpr int kPingPongBarrier = 1;
 constexpr int kQFreeBarrier = 2;
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Copies rows [0, rows_valid) of a [kRows, kChunks * 8] bf16 global tile into the 128B-swizzled
 // layout: column block b (64 bf16) of row r at b * kRows * 128 + r * 128, 16-byte chunk c of the
 // block at chunk c ^ (r % 8). Rows past rows_valid are zero-filled (nothing read).
@@ -244,7 +222,7 @@ __device__ __forceinline__ int run_unit(const MhaParams& p, const Unit& u, bool 
       // PV1 in order and each warpgroup's softmax overlaps the other's matrix work.
       float s[T9::kBlockN / 2];
       const uint64_t k_desc = k_desc0 + ((stage * T9::kKBytes) >> 4);
-      if (p.pingpong && wg == 1) named_barrier_sync(kPingPongBarrier, T9::kThreads);
+      if (wg == 1) sm90::bar_sync(kPingPongBarrier, T9::kThreads);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < T9::kHeadDimQk / 16; ++kk) {
@@ -254,7 +232,7 @@ __device__ __forceinline__ int run_unit(const MhaParams& p, const Unit& u, bool 
                                             kk > 0);
       }
       sm90::wgmma_commit();
-      if (p.pingpong && wg == 0) named_barrier_arrive(kPingPongBarrier, T9::kThreads);
+      if (wg == 0) sm90::bar_arrive(kPingPongBarrier, T9::kThreads);
       // Next K/V stage (this unit's next step, or the next unit's first) into the other stage
       // while the tensor cores run QK^T.
       if (!last) {
@@ -296,7 +274,7 @@ __device__ __forceinline__ int run_unit(const MhaParams& p, const Unit& u, bool 
       sm90::wgmma_commit();
       if (last && prefetch) {
         // Both warpgroups' QK^T are complete past this barrier: Q can be refilled.
-        named_barrier_sync(kQFreeBarrier, T9::kThreads);
+        sm90::bar_sync(kQFreeBarrier, T9::kThreads);
         load_q(p, next, q_smem, tid);
         cp_async_commit();
       }
@@ -309,7 +287,7 @@ __device__ __forceinline__ int run_unit(const MhaParams& p, const Unit& u, bool 
   return (stage0 + num_steps) & 1;
 }
 
-// Units: (tile, head) pairs in groups of head_group heads (plan header, or the override),
+// Units: (tile, head) pairs in groups of the plan header's head_group heads,
 // tile-major inside a group, so the CTAs running at the same time share the K/V of a few heads
 // in L2. Each unit's last step prefetches the next unit's Q and first K/V stage.
 __global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const MhaParams p) {
@@ -323,7 +301,7 @@ __global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const Mha
   const int num_tiles = header->num_tiles;
   const int heads = p.num_heads;
   const int num_units = num_tiles * heads;
-  const int head_group = max(p.head_group > 0 ? p.head_group : header->head_group, 1);
+  const int head_group = max(header->head_group, 1);
   int unit = static_cast<int>(blockIdx.x);
   if (unit >= num_units) return;
   Unit cur = make_unit(tiles, unit, num_tiles, heads, head_group);
@@ -334,7 +312,7 @@ __global__ void __launch_bounds__(T9::kThreads, 1) mha_fwd_sm90_kernel(const Mha
     const bool has_next = next_unit < num_units;
     Unit next = cur;
     if (has_next) next = make_unit(tiles, next_unit, num_tiles, heads, head_group);
-    const bool prefetch = p.prefetch && has_next && next.num_steps > 0 && cur.num_steps > 0;
+    const bool prefetch = has_next && next.num_steps > 0 && cur.num_steps > 0;
     stage0 = sm90k::run_unit(p, cur, loaded, stage0, next, prefetch, q_smem, k_smem, v_smem);
     if (!has_next) break;
     loaded = prefetch;

@@ -27,40 +27,47 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
+bool same(const TensorMap2d& a, const TensorMap2d& b) {
+  return a.base == b.base && a.elem_bytes == b.elem_bytes && a.rows == b.rows &&
+         a.cols == b.cols && a.row_stride_elems == b.row_stride_elems &&
+         a.box_rows == b.box_rows && a.box_cols == b.box_cols && a.swizzle128 == b.swizzle128 &&
+         a.l2_promotion_bytes == b.l2_promotion_bytes;
+}
+
 }  // namespace
 
-bool encode_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
-                                  int64_t row_stride_elems, int box_rows, int box_cols,
-                                  int l2_promotion_bytes, void* out) {
+bool encode_tensor_map_2d(const TensorMap2d& t, void* out) {
   const auto fn = encode_fn();
-  if (fn == nullptr || base == nullptr || rows <= 0 || cols <= 0 || box_cols * 2 > 128 ||
-      (reinterpret_cast<std::uintptr_t>(base) % 16) != 0 ||
-      (reinterpret_cast<std::uintptr_t>(out) % 64) != 0 || rows > (int64_t{1} << 32)) {
+  const int64_t box_bytes = int64_t{t.box_cols} * t.elem_bytes;
+  if (fn == nullptr || t.base == nullptr || t.rows <= 0 || t.cols <= 0 ||
+      (t.elem_bytes != 1 && t.elem_bytes != 2) || (t.swizzle128 && box_bytes != 128) ||
+      box_bytes % 16 != 0 || (reinterpret_cast<std::uintptr_t>(t.base) % 16) != 0 ||
+      (reinterpret_cast<std::uintptr_t>(out) % 64) != 0 || t.rows > (int64_t{1} << 32)) {
     return false;
   }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride_elems) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.cols), static_cast<cuuint64_t>(t.rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.row_stride_elems) *
+                                 static_cast<cuuint64_t>(t.elem_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(t.box_cols),
+                             static_cast<cuuint32_t>(t.box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUtensorMapL2promotion l2 = l2_promotion_bytes >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-                                    : l2_promotion_bytes >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                    : l2_promotion_bytes >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                                                                : CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  const CUresult r =
-      fn(static_cast<CUtensorMap*>(out), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-         const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-         CU_TENSOR_MAP_SWIZZLE_128B, l2,
-         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const int l2b = t.l2_promotion_bytes;
+  const CUtensorMapL2promotion l2 = l2b >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                    : l2b >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                    : l2b >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                                 : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+  const CUresult r = fn(
+      static_cast<CUtensorMap*>(out),
+      t.elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+      const_cast<void*>(t.base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      t.swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, l2,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
-bool cached_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
-                                  int64_t row_stride_elems, int box_rows, int box_cols,
-                                  int l2_promotion_bytes, void* out) {
+bool cached_tensor_map_2d(const TensorMap2d& t, void* out) {
   struct Entry {
-    const void* base = nullptr;
-    int64_t rows = 0, cols = 0, stride = 0;
-    int box_rows = 0, box_cols = 0, l2 = 0;
+    TensorMap2d key{};
     alignas(64) unsigned char map[kTensorMapBytes];
   };
   // Direct-mapped by a multiplicative hash of the address (layer caches are large power-of-two
@@ -68,27 +75,18 @@ bool cached_bf16_tensor_map_sw128(const void* base, int64_t rows, int64_t cols,
   // model mostly find their own entries.
   constexpr int kEntryBits = 8;
   thread_local std::array<Entry, std::size_t{1} << kEntryBits> cache{};
-  const uint64_t h = static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(base)) *
+  const uint64_t h = static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(t.base)) *
                      0x9E3779B97F4A7C15ull;
   Entry& e = cache[h >> (64 - kEntryBits)];
-  if (e.base == base && e.base != nullptr && e.rows == rows && e.cols == cols &&
-      e.stride == row_stride_elems && e.box_rows == box_rows && e.box_cols == box_cols &&
-      e.l2 == l2_promotion_bytes) {
+  if (e.key.base != nullptr && same(e.key, t)) {
     std::memcpy(out, e.map, kTensorMapBytes);
     return true;
   }
-  if (!encode_bf16_tensor_map_sw128(base, rows, cols, row_stride_elems, box_rows, box_cols,
-                                    l2_promotion_bytes, e.map)) {
-    e.base = nullptr;
+  if (!encode_tensor_map_2d(t, e.map)) {
+    e.key.base = nullptr;
     return false;
   }
-  e.base = base;
-  e.rows = rows;
-  e.cols = cols;
-  e.stride = row_stride_elems;
-  e.box_rows = box_rows;
-  e.box_cols = box_cols;
-  e.l2 = l2_promotion_bytes;
+  e.key = t;
   std::memcpy(out, e.map, kTensorMapBytes);
   return true;
 }

@@ -1,0 +1,35 @@
+#include "kernels/cuda/absorbed/choose.h"
+
+#include "kernels/cuda/absorbed/plan.h"
+#include "mla/kv_pool.h"
+#include "mla/model.h"
+
+namespace mla::cuda::absorbed {
+
+StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DType cache_dtype) {
+  if (!is_supported_head_count(num_heads)) {
+    return unsupported("cuda absorbed: num_heads = {} (supported: 16, 32, 64, 128)", num_heads);
+  }
+  if (!is_supported_page_size(page_size)) {
+    return unsupported("cuda absorbed: page_size = {} (supported: 1, 16, 32, 64, 128)",
+                       page_size);
+  }
+  if (q_len < 1) return unsupported("cuda absorbed: q_len = {} must be at least 1", q_len);
+  KernelChoice c;
+  c.tile_rows = rows_per_tile(num_heads, q_len);
+  if (cache_dtype != DType::kBF16 && cache_dtype != DType::kFP8E4M3) {
+    return unsupported("cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
+                       dtype_name(cache_dtype));
+  }
+  // One kernel for both caches (an fp8 tile is converted to bf16 in shared memory after it
+  // lands); TMA boxes of 64 key rows for pages of 64 and more, cp.async gathers below.
+  const bool fp8 = cache_dtype == DType::kFP8E4M3;
+  const bool tma = page_size >= kTmaBoxRows;
+  c.kernel = fp8 ? AbsorbedKernel::kSm90Fp8 : AbsorbedKernel::kSm90;
+  c.tma_box_rows = tma ? kTmaBoxRows : 0;
+  c.name = fp8 ? (tma ? "sm90 wgmma, fp8, TMA" : "sm90 wgmma, fp8, cp.async")
+               : (tma ? "sm90 wgmma, TMA" : "sm90 wgmma, cp.async");
+  return c;
+}
+
+}  // namespace mla::cuda::absorbed

@@ -1,0 +1,30 @@
+// The one kernel chooser of the CUDA absorbed op: a pure host function of the problem's shape.
+// supports() accepts exactly what it can choose for, plan() tiles rows as it says, and run()
+// launches the kernel it names (AbsorbedParams::kernel). Built in every configuration, so the
+// CPU unit tests cover its table (tests/unit/cuda_absorbed_choose_test.cc).
+#pragma once
+
+#include "kernels/cuda/absorbed/params.h"
+#include "mla/types.h"
+#include "mla/status.h"
+
+namespace mla::cuda::absorbed {
+
+struct KernelChoice {
+  AbsorbedKernel kernel = AbsorbedKernel::kSm90;
+  // Rows (token x head) of one tile: the smallest of 16 / 32 / 64 holding num_heads x q_len
+  // (q_len: the batch's longest query). The sm90 kernel runs every tile as 64 wgmma rows, so
+  // a request with num_heads x q_len <= 64 is one tile and reads each key once. The same for
+  // both cache dtypes: a plan serves either cache.
+  int tile_rows = 64;
+  // Key rows per TMA box of the sm90 kernel's key loads; 0: cp.async gathers (pages < 64:
+  // boxes of 16 rows lost to cp.async on the H200, boxes of 64 beat it at page 64).
+  int tma_box_rows = 0;
+  const char* name = "";
+};
+
+// Error (kUnsupported, naming the field and value) for head counts other than 16/32/64/128,
+// pages other than 1/16/32/64/128, q_len < 1 and caches other than bf16 / fp8 e4m3.
+StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DType cache_dtype);
+
+}  // namespace mla::cuda::absorbed

@@ -1,0 +1,89 @@
+// Device helpers shared by every CUDA kernel of the library (with tma.cuh: mbarriers, named
+// barriers, TMA; wgmma.cuh: the wgmma wrappers and shared-memory descriptors). Kernel bodies
+// call these and carry no inline PTX of their own.
+//   cp.async: 16-byte copies global -> shared with zero fill, groups, waits;
+//   ldmatrix / mma.sync m16n8k16 (bf16 in, fp32 accumulate);
+//   conversions: two floats -> bf16x2, two fp8 e4m3 -> bf16x2 (exact), exp2 (ftz).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace mla::cuda::sm90 {
+
+// 16 bytes from global `src` to shared `dst`; !valid: zero-fill the 16 bytes (src unread).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// c += a (16x16 bf16, row) * b (16x8 bf16, col)
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> bf16x2 (round to nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Two e4m3 values (low byte first) -> two bf16, exact. One conversion instruction (e4m3x2 ->
+// f16x2, exact); f16 values from e4m3 are normal or zero, so shifting exponent and mantissa right
+// by 3 is the bf16 pattern of value * 2^-112 (biases 15 vs 127; the dropped mantissa bits are
+// zero), still normal; one bf16x2 multiply by 2^112 restores the value. Avoids the f16 -> f32 ->
+// bf16 conversions, which run at a quarter of the integer/FMA rate.
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
+  const __half2_raw hr =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const uint32_t w = static_cast<uint32_t>(hr.x) | (static_cast<uint32_t>(hr.y) << 16);
+  const uint32_t b = ((w >> 3) & 0x0fff0fffu) | (w & 0x80008000u);
+  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&b);
+  v = __hmul2(v, __nv_bfloat162(__float2bfloat16_rn(0x1p112f), __float2bfloat16_rn(0x1p112f)));
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Eight e4m3 values (a uint2, low byte first) -> eight bf16 (a uint4), exact.
+__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 raw) {
+  uint4 v;
+  v.x = fp8x2_to_bf16x2(raw.x & 0xffffu);
+  v.y = fp8x2_to_bf16x2(raw.x >> 16);
+  v.z = fp8x2_to_bf16x2(raw.y & 0xffffu);
+  v.w = fp8x2_to_bf16x2(raw.y >> 16);
+  return v;
+}
+
+// 2^x, flushing denormal results to zero (one MUFU.EX2).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace mla::cuda::sm90
