@@ -18,8 +18,8 @@
 //     cp.async of all 128 threads (zero fill past kv_end); both complete on the stage's
 //     mbarrier. Slots are looked up one tile before they are needed.
 //   fp8 cache: the raw rows land in the upper half of each column block of the stage, and
-//     warpgroup 1 converts tile t + 1 to bf16 in place (rows past kv_end as zeros) once it has
-//     issued tile t + 2, completing on the mbarrier conv[s] that warpgroup 0 waits on.
+//     warpgroup 1 converts tile t + 1 to bf16 in place (rows past kv_end as zeros) before it
+//     waits for tile t's P, completing on the mbarrier conv[s] that warpgroup 0 waits on.
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
@@ -195,9 +195,8 @@ __device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cur
 // Inlined into its own kernel (absorbed_attention_sm90_kernel): a wgmma pipeline must not
 // cross a function call (ptxas C7510 serialises every wgmma then), and sharing a kernel with the
 // mma.sync variants spilled. kFp8: an fp8 e4m3 cache (p.kv_cache_fp8), each tile converted to
-// bf16 in its stage by warpgroup 1 (convert_fp8_tile) one tile ahead of its use, after that
-// warpgroup has issued the load of tile t + 2 (so tile t + 1's load had a whole tile to land);
-// warpgroup 0 waits on conv[s] instead of full[s].
+// bf16 in its stage by warpgroup 1 (convert_fp8_tile) one tile ahead of its use, before that
+// warpgroup waits for the current tile's P; warpgroup 0 waits on conv[s] instead of full[s].
 // k_scale is in p.scale_log2 (logits) and p.o_scale (output).
 template <bool kFp8>
 __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
@@ -381,6 +380,15 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         }
         wgmma_commit();
       } else {
+        if constexpr (kFp8) {  // tile g + 1 (issued one tile ago) into bf16 in its stage
+          if (cv.valid()) {
+            const int s1 = (g + 1) & 1;
+            convert_fp8_tile(smem + kKvOff + s1 * kTileBytes, cv, full0 + 8 * s1, conv0 + 8 * s1,
+                             ((g + 1) >> 1) & 1, tw);
+            ++cv.t;
+            cursor_seek(units, cv);
+          }
+        }
         mbar_wait(p_ready, g & 1);
         mbar_wait(kFp8 ? conv0 + 8 * s : full, parity);
         fence_proxy_async();
@@ -402,15 +410,6 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
           ++cur.t;
           cursor_seek(units, cur);
           fetch_slots(p, h, cur, box_rows, tw, sl);
-        }
-        if constexpr (kFp8) {  // tile g + 1 (issued one tile ago) into bf16 in its stage
-          if (cv.valid()) {
-            const int s1 = (g + 1) & 1;
-            convert_fp8_tile(smem + kKvOff + s1 * kTileBytes, cv, full0 + 8 * s1, conv0 + 8 * s1,
-                             ((g + 1) >> 1) & 1, tw);
-            ++cv.t;
-            cursor_seek(units, cv);
-          }
         }
       }
     }
