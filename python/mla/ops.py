@@ -129,6 +129,9 @@ class AbsorbedPlan:
         """Writes o and lse (natural log) for the batch last planned; allocates nothing."""
         if not self.planned:
             raise RuntimeError("AbsorbedPlan.run: plan() was not called")
+        if q.dim() != 3 or q.shape[1] != self.num_heads:
+            raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
+                             f"[tokens, {self.num_heads}, 576]")
         ops.absorbed_run(q, kv_cache, req_to_token, self._staging.plan, self.workspace, o, lse,
                          float(sm_scale), float(k_scale))
         return o, lse
@@ -168,6 +171,9 @@ class MhaPlan:
     def run(self, q, k, v, o, lse, sm_scale: float):
         if not self.planned:
             raise RuntimeError("MhaPlan.run: plan() was not called")
+        if q.dim() != 3 or q.shape[1] != self.num_heads:
+            raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
+                             f"[tokens, {self.num_heads}, 192]")
         ops.mha_run(q, k, v, self._staging.plan, self.workspace, o, lse, float(sm_scale))
         return o, lse
 
