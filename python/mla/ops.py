@@ -26,6 +26,8 @@ def _device(d) -> torch.device:
 def _host_i32(x, name: str) -> torch.Tensor:
     """A contiguous int32 cpu tensor of x (a list, numpy array or tensor on any device)."""
     if isinstance(x, torch.Tensor):
+        if x.dtype == torch.int32 and x.dim() == 1 and x.is_cpu and x.is_contiguous():
+            return x  # the fast path planning takes every batch
         t = x.detach()
         if t.dtype != torch.int32:
             if t.dtype.is_floating_point or t.dtype == torch.bool:
