@@ -6,10 +6,13 @@ Entry points (LSE base in brackets):
   mla.merge_state                                       FlashInfer-shaped [natural log]
   mla.ops: AbsorbedPlan, MhaPlan, kv_write, up_project, merge_state_   [natural log]
   torch.ops.mla.*: the custom ops themselves (schemas, fake impls, CPU and CUDA kernels)
+  mla.Backend: SGLang's AttentionBackend methods over the ops (paged_mla, chunked_mla,
+    ondemand_mla); mla.integrations.sglang: the SGLang plugin
 """
 from . import _native
 from ._ops import ops as _torch_ops  # noqa: F401  (loads the library, registers fakes)
 from . import ops
+from .backend import Backend
 from .flashinfer import BatchMLAPagedAttentionWrapper
 from .flashmla import flash_mla_with_kvcache, get_mla_metadata
 from .ops import merge_state
@@ -17,6 +20,7 @@ from .ops import merge_state
 has_cuda_ops = _native.has_cuda_ops
 
 __all__ = [
+    "Backend",
     "BatchMLAPagedAttentionWrapper",
     "flash_mla_with_kvcache",
     "get_mla_metadata",
