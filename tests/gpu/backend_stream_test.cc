@@ -15,6 +15,7 @@
 
 #include "backends/backend_base.h"
 #include "common/case_gen.h"
+#include "common/conformance.h"
 #include "common/reference.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
