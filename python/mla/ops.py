@@ -79,6 +79,7 @@ class _Staging:
 
     def uploaded(self, i: int) -> None:
         if self.device.type == "cuda":
+            # torch's current stream of the plan's device, where the op enqueued the upload
             self._events[i].record(torch.cuda.current_stream(self.device))
             self._recorded[i] = True
 

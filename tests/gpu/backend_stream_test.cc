@@ -40,7 +40,7 @@ TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
   Rng rng(mix_seed(base_seed(), 0x5747));
   KvPoolConfig pc;
   pc.num_layers = 1;
-  pc.num_pages = 256;
+  pc.num_pages = 1400;  // 24 requests of up to 900 tokens
   pc.page_size = kPage;
   pc.max_requests = 32;
   pc.max_context_len = 1024;

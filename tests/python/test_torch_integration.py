@@ -146,7 +146,7 @@ def test_plan_bad_inputs(device):
     before = plan.plan_tensor.clone()
     with pytest.raises(ValueError, match=r"req_rows has 2 entries, q_lens 1"):
         plan.plan([1, 2], [1], [5, 6])  # mismatched batch
-    with pytest.raises(ValueError, match=r"kv_lens\[1\] = 0 is below q_lens\[1\] = 1"):
+    with pytest.raises(ValueError, match=r"causal kv_lens\[1\] = 0 is below q_lens\[1\] = 1"):
         plan.plan([1, 2], [1, 1], [5, 0])
     with pytest.raises(ValueError, match=r"batch size 3 exceeds capacity 2"):
         plan.plan([1, 2, 3], [1, 1, 1], [5, 6, 7])
