@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build git python3
+  build-essential cmake ninja-build git python3 python3-venv
   libgtest-dev googletest libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev
 )
 
@@ -19,7 +19,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} build packages are installed"
-  exit 0
+  exec "$(dirname "${BASH_SOURCE[0]}")/setup-python.sh"
 fi
 
 sudo=()
@@ -37,3 +37,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
   "${missing[@]}"
 echo "setup: done"
+exec "$(dirname "${BASH_SOURCE[0]}")/setup-python.sh"

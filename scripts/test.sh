@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU test suite as CI runs it: installs what is missing, builds the `ci` preset (Release, no
-# CUDA, warnings as errors) and runs `ctest --preset ci`. Exits non-zero on any failure.
+# CUDA, warnings as errors) and runs `ctest --preset ci`, then the Python package's pytest suite
+# (scripts/test-python.sh). Exits non-zero on any failure.
 # MLA_JOBS sets build and test parallelism (default: all cores).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,3 +12,4 @@ jobs="${MLA_JOBS:-$(nproc)}"
 cmake --preset ci
 cmake --build --preset ci --parallel "$jobs"
 ctest --preset ci --parallel "$jobs"
+MLA_JOBS="$jobs" "$root/scripts/test-python.sh"

@@ -114,6 +114,11 @@ class AttentionBackend {
 
   virtual const PlanningStats& planning_stats() const = 0;
 
+  // The stream plan uploads are ordered on (cuda: a cudaStream_t; nullptr, the default, is the
+  // legacy default stream). Set it to the stream the layers run on, e.g. a non-blocking compute
+  // stream, before planning: uploads go through pinned staging memory and are enqueued on it.
+  virtual void set_stream(void* stream) { (void)stream; }
+
   // ---- additions for layers and tools ----
   // Writes the new tokens' latent rows of `layer` at the last planned batch's out_cache_loc
   // (what forward_* does when save_kv_cache is set). c_kv bf16 [T, 512], k_pe bf16 [T, 64].

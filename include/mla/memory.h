@@ -44,6 +44,16 @@ class DeviceRuntime {
   }
   virtual Status synchronize(void* stream) = 0;
   virtual int multiprocessor_count(int index) const = 0;  // cpu: hardware threads
+
+  // Host memory that asynchronous uploads can read (cuda: page-locked; cpu: ordinary memory).
+  virtual StatusOr<void*> malloc_host(std::size_t bytes);
+  virtual void free_host(void* p);
+  // Events ordered on a stream (cpu: nothing to wait for; handles may be null).
+  virtual StatusOr<void*> create_event() { return static_cast<void*>(nullptr); }
+  virtual void destroy_event(void* /*event*/) {}
+  virtual Status record_event(void* /*event*/, void* /*stream*/) { return Status::Ok(); }
+  // Blocks the calling thread until the work before the event's last record has finished.
+  virtual Status wait_event(void* /*event*/) { return Status::Ok(); }
 };
 
 // nullptr when the device type is not built in or has no devices.

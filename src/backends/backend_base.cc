@@ -18,6 +18,7 @@ BackendBase::BackendBase(std::string name, const BackendContext& ctx, const OpSe
       options_(ctx.options),
       pool_(ctx.pool),
       ops_(ops),
+      staging_(name_ + ".upload_staging", name_, ctx.options.device),
       absorbed_plan_(name_ + ".absorbed_plan", name_, ctx.options.device),
       mha_plan_(name_ + ".mha_plan", name_, ctx.options.device),
       mha_chunk_plan_(name_ + ".mha_chunk_plan", name_, ctx.options.device),
@@ -64,6 +65,8 @@ BackendBase::PlanTimer::~PlanTimer() {
                       std::chrono::steady_clock::now() - t0_)
                       .count();
   b_->record_plan_ns(static_cast<uint64_t>(ns));
+  // The call's uploads are enqueued: mark their staging buffer as in flight.
+  b_->staging_.close(b_->stream_).ignore();
 }
 
 void BackendBase::record_plan_ns(uint64_t ns) {
@@ -85,9 +88,7 @@ double BackendBase::median_plan_ns() const {
 
 Status BackendBase::upload(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return Status::Ok();
-  DeviceRuntime* rt = device_runtime(options_.device.type);
-  if (rt == nullptr) return unsupported("{}: no runtime for {}", name_, options_.device.to_string());
-  return rt->copy_to_device(dst, src, bytes, nullptr);
+  return staging_.upload(dst, src, bytes, stream_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -305,7 +306,9 @@ Status BackendBase::plan_mha_chunks() {
 
 Status BackendBase::plan_prefix_chunks(const ForwardBatch& batch) {
   MLA_RETURN_IF_ERROR(collect(batch));
-  return plan_mha_chunks();
+  const Status s = plan_mha_chunks();
+  MLA_RETURN_IF_ERROR(staging_.close(stream_));
+  return s;
 }
 
 Status BackendBase::plan_eager(const ForwardBatch& batch, ForwardMethod method, bool plan_chunks) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mla/backend.h"
+#include "backends/upload_staging.h"
 #include "mla/workspace.h"
 #include "planning/chunked_prefix.h"
 
@@ -47,6 +48,10 @@ class BackendBase : public AttentionBackend {
   Status init_forward_metadata_capture_cuda_graph(const ForwardBatch& padded_batch) override;
   Status init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch,
                                                  int padded_bs) override;
+
+  void set_stream(void* stream) override { stream_ = stream; }
+  void* stream() const { return stream_; }
+  const UploadStaging& staging() const { return staging_; }
 
   const OpSet& ops() const { return *ops_; }
   bool graph_ready() const { return graph_ready_; }
@@ -142,6 +147,8 @@ class BackendBase : public AttentionBackend {
   OpScratch scratch_;
   ChunkScratch chunk_scratch_;
 
+  void* stream_ = nullptr;          // uploads are ordered on it (set_stream)
+  UploadStaging staging_;           // "<name>.upload_staging[0|1]"  pinned host
   GrowableBuffer absorbed_plan_;   // "<name>.absorbed_plan"  plan_bytes(batch)
   GrowableBuffer mha_plan_;        // "<name>.mha_plan"  ragged / one-shot plan
   GrowableBuffer mha_chunk_plan_;  // "<name>.mha_chunk_plan"  one plan per prefix chunk

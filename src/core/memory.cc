@@ -48,6 +48,19 @@ class CpuRuntime final : public DeviceRuntime {
   }
 };
 
+}  // namespace
+
+StatusOr<void*> DeviceRuntime::malloc_host(std::size_t bytes) {
+  if (bytes == 0) return static_cast<void*>(nullptr);
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!p) return make_status(StatusCode::kOutOfMemory, "host allocation of {} bytes failed", bytes);
+  return p;
+}
+
+void DeviceRuntime::free_host(void* p) { std::free(p); }
+
+namespace {
+
 struct RuntimeTable {
   std::mutex mu;
   std::unique_ptr<DeviceRuntime> cpu = std::make_unique<CpuRuntime>();

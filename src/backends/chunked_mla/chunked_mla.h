@@ -41,6 +41,10 @@ class ChunkedMlaBackend : public BackendBase {
                        const ExecContext& ctx) override;
   TensorView out_cache_loc() const override;
   Status init_cuda_graph_state(int max_bs, int64_t max_num_tokens) override;
+  void set_stream(void* stream) override {
+    BackendBase::set_stream(stream);
+    if (parent_) parent_->set_stream(stream);
+  }
 
   // The paged_mla instance serving the fallback, or nullptr.
   const PagedMlaBackend* parent() const { return parent_.get(); }

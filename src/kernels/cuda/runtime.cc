@@ -142,6 +142,39 @@ class CudaRuntime final : public DeviceRuntime {
     return sm_count(index);
   }
 
+  StatusOr<void*> malloc_host(std::size_t bytes) override {
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocHost(&p, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return make_status(StatusCode::kOutOfMemory, "cudaMallocHost of {} bytes failed: {}",
+                         bytes, cudaGetErrorString(err));
+    }
+    return p;
+  }
+  void free_host(void* p) override {
+    if (p != nullptr) cudaFreeHost(p);
+    cudaGetLastError();
+  }
+  StatusOr<void*> create_event() override {
+    cudaEvent_t e = nullptr;
+    MLA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return static_cast<void*>(e);
+  }
+  void destroy_event(void* event) override {
+    if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+    cudaGetLastError();
+  }
+  Status record_event(void* event, void* stream) override {
+    MLA_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(event), as_stream(stream)));
+    return Status::Ok();
+  }
+  Status wait_event(void* event) override {
+    MLA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+    return Status::Ok();
+  }
+
  private:
   static cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
   Status select(int index) const {

@@ -1,0 +1,75 @@
+"""Host time of planning a batch-256 decode from Python (a benchmark, not a test).
+
+Measures, per call, the median wall time of
+  op:    torch.ops.mla.absorbed_plan on host int32 tensors (plan into pinned staging + async upload)
+  plan:  mla.ops.AbsorbedPlan.plan from host tensors (the above + staging turn + event record)
+Prints JSON lines (one per measurement) in the bench/results/h200.jsonl row format.
+Usage: python plan_bench.py [--device cuda] [--heads 128] [--page-size 64] [--commit X]
+"""
+import argparse
+import datetime
+import json
+import statistics
+import time
+
+import torch
+
+import mla
+from mla import ops
+
+
+def median_us(fn, iters=2000, warmup=200):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1e3, min(samples) / 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--heads", type=int, default=128)
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--commit", default="")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    bs = args.batch
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randperm(bs, generator=g).to(torch.int32) + 1
+    q_lens = torch.ones(bs, dtype=torch.int32)
+    kv_lens = torch.randint(1, 4096, (bs,), generator=g, dtype=torch.int32)
+    plan = ops.AbsorbedPlan(dev, args.heads, args.page_size, max_batch=bs, max_q_tokens=bs)
+    staging = torch.empty(plan.plan_bytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+
+    def op_call():
+        torch.ops.mla.absorbed_plan(rows, q_lens, kv_lens, staging, plan.plan_tensor,
+                                    args.heads, args.page_size, True, bs, bs, 1)
+
+    def plan_call():
+        plan.plan(rows, q_lens, kv_lens)
+
+    rows_out = []
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    for name, fn in (("absorbed_plan_op", op_call), ("AbsorbedPlan.plan", plan_call)):
+        med, mn = median_us(fn)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        rows_out.append({
+            "op": "python_plan", "what": name, "b": bs, "h_q": args.heads,
+            "page_size": args.page_size, "s_q": 1, "device": str(dev), "gpu": gpu,
+            "us": med, "us_min": mn, "iters": 2000, "target_us": 15,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": args.commit, "python": ".".join(map(str, __import__("sys").version_info[:3])),
+            "torch": torch.__version__,
+        })
+    for r in rows_out:
+        print(json.dumps(r, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+// The torch custom ops of the Python package (namespace torch.ops.mla). Every op writes into
+// tensors the caller passes and allocates nothing; attention ops split into a host plan (into
+// staging bytes, then uploaded on the current stream) and a run that reads the plan. Arguments
+// are checked here and by the library's ops before anything is written; a rejected call raises
+// ValueError (argument errors) or RuntimeError and leaves every output untouched.
+// Fake (meta) implementations live in python/mla/_ops.py.
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <span>
+#include <vector>
+
+#include "mla/memory.h"
+#include "mla/ops.h"
+#include "torch_args.h"
+
+namespace mla::torch_ops {
+namespace {
+
+int narrow_int(int64_t v, std::string_view name, std::string_view op) {
+  TORCH_CHECK_VALUE(v >= 0 && v <= INT32_MAX, "mla.", op, ": ", name, " = ", v,
+                    " must be in [0, 2^31)");
+  return static_cast<int>(v);
+}
+
+void check_bytes_tensor(const at::Tensor& t, std::string_view name, std::string_view op) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kByte, "mla.", op, ": ", name, " has dtype ",
+                    t.scalar_type(), ", expected uint8");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "mla.", op, ": ", name,
+                    " must be contiguous, got strides ", t.strides());
+}
+
+// Plans on the host into `staging` (cpu) or straight into `plan` (when plan is on the cpu), then
+// uploads the used bytes into `plan` on torch's current stream. Nothing is written on error.
+template <typename PlanFn>
+void plan_and_upload(const at::Tensor& staging, const at::Tensor& plan, std::size_t plan_bytes,
+                     std::string_view op, PlanFn&& plan_fn) {
+  check_bytes_tensor(plan, "plan", op);
+  TORCH_CHECK_VALUE(static_cast<std::size_t>(plan.numel()) >= plan_bytes, "mla.", op,
+                    ": plan has ", plan.numel(), " bytes, the capacity needs ", plan_bytes);
+  if (plan.is_cpu()) {
+    auto* dst = static_cast<std::byte*>(plan.data_ptr());
+    StatusOr<std::size_t> used = plan_fn(std::span<std::byte>(dst, plan_bytes));
+    throw_if_error(used.status(), op);
+    return;
+  }
+  TORCH_CHECK_VALUE(staging.defined() && staging.is_cpu(), "mla.", op,
+                    ": staging must be a cpu uint8 tensor (pinned for an asynchronous upload)");
+  check_bytes_tensor(staging, "staging", op);
+  TORCH_CHECK_VALUE(static_cast<std::size_t>(staging.numel()) >= plan_bytes, "mla.", op,
+                    ": staging has ", staging.numel(), " bytes, the capacity needs ", plan_bytes);
+  auto* host = static_cast<std::byte*>(staging.data_ptr());
+  StatusOr<std::size_t> used = plan_fn(std::span<std::byte>(host, plan_bytes));
+  throw_if_error(used.status(), op);
+  const ExecContext ctx = exec_context(plan.device());
+  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
+  TORCH_CHECK(rt != nullptr, "mla.", op, ": no cuda runtime in this build");
+  throw_if_error(rt->copy_to_device(plan.data_ptr(), host, *used, ctx.stream), op);
+}
+
+// ---- absorbed (MQA) paged attention ----
+std::vector<int64_t> absorbed_sizes(int64_t max_batch, int64_t max_q_tokens, int64_t max_q_len,
+                                    int64_t num_heads, c10::Device device) {
+  constexpr std::string_view op = "absorbed_sizes";
+  const OpSet& set = op_set_for(device, op);
+  AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, 0,
+                   narrow_int(max_q_len, "max_q_len", op), narrow_int(num_heads, "num_heads", op)};
+  return {static_cast<int64_t>(set.absorbed->plan_bytes(cap)),
+          static_cast<int64_t>(set.absorbed->workspace_bytes(cap))};
+}
+
+void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const at::Tensor& kv_lens,
+                   const at::Tensor& staging, const at::Tensor& plan, int64_t num_heads,
+                   int64_t page_size, bool causal, int64_t max_batch, int64_t max_q_tokens,
+                   int64_t max_q_len) {
+  constexpr std::string_view op = "absorbed_plan";
+  check_host_i32(req_rows, "req_rows", op);
+  check_host_i32(q_lens, "q_lens", op);
+  check_host_i32(kv_lens, "kv_lens", op);
+  TORCH_CHECK_VALUE(q_lens.numel() == req_rows.numel() && kv_lens.numel() == req_rows.numel(),
+                    "mla.", op, ": req_rows has ", req_rows.numel(), " entries, q_lens ",
+                    q_lens.numel(), ", kv_lens ", kv_lens.numel(), " (one per request)");
+  const OpSet& set = op_set_for(plan.device(), op);
+  const AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, 0,
+                         narrow_int(max_q_len, "max_q_len", op),
+                         narrow_int(num_heads, "num_heads", op)};
+  AbsorbedProblem p;
+  p.num_heads = cap.num_heads;
+  p.page_size = narrow_int(page_size, "page_size", op);
+  p.causal = causal;
+  p.req_rows = {req_rows.data_ptr<int32_t>(), static_cast<std::size_t>(req_rows.numel())};
+  p.q_lens = {q_lens.data_ptr<int32_t>(), static_cast<std::size_t>(q_lens.numel())};
+  p.kv_lens = {kv_lens.data_ptr<int32_t>(), static_cast<std::size_t>(kv_lens.numel())};
+  throw_if_error(set.absorbed->supports(p.num_heads, p.page_size, DType::kBF16), op);
+  // The lengths are checked here for every op set (the CUDA planner trusts them).
+  for (std::size_t b = 0; b < p.q_lens.size(); ++b) {
+    const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
+    TORCH_CHECK_VALUE(q >= 0 && kv >= 0, "mla.", op, ": q_lens[", b, "] = ", q, ", kv_lens[",
+                      b, "] = ", kv, " must not be negative");
+    TORCH_CHECK_VALUE(!causal || kv >= q, "mla.", op, ": causal kv_lens[", b, "] = ", kv,
+                      " is below q_lens[", b, "] = ", q);
+    TORCH_CHECK_VALUE(q <= cap.max_q_len, "mla.", op, ": q_lens[", b, "] = ", q,
+                      " exceeds max_q_len = ", cap.max_q_len);
+    TORCH_CHECK_VALUE(p.req_rows[b] >= 0, "mla.", op, ": req_rows[", b, "] = ", p.req_rows[b],
+                      " is negative");
+  }
+  plan_and_upload(staging, plan, set.absorbed->plan_bytes(cap), op,
+                  [&](std::span<std::byte> host) { return set.absorbed->plan(p, cap, host); });
+}
+
+void absorbed_run(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& req_to_token,
+                  const at::Tensor& plan, const at::Tensor& workspace, const at::Tensor& o,
+                  const at::Tensor& lse, double sm_scale, double k_scale) {
+  constexpr std::string_view op = "absorbed_run";
+  const at::Device dev = q.device();
+  check_same_device(dev, {{&kv_cache, "kv_cache"}, {&req_to_token, "req_to_token"},
+                          {&plan, "plan"}, {&workspace, "workspace"}, {&o, "o"}, {&lse, "lse"}},
+                    op);
+  check_bytes_tensor(plan, "plan", op);
+  check_bytes_tensor(workspace, "workspace", op);
+  const OpSet& set = op_set_for(dev, op);
+  AbsorbedArgs a;
+  a.q = to_view(q, "q", op);
+  a.kv_cache = to_view(kv_cache, "kv_cache", op);
+  a.k_scale = static_cast<float>(k_scale);
+  a.req_to_token = to_view(req_to_token, "req_to_token", op);
+  a.o = to_view(o, "o", op);
+  a.lse = to_view(lse, "lse", op);
+  a.sm_scale = static_cast<float>(sm_scale);
+  a.plan = plan.data_ptr();
+  a.workspace = workspace.numel() ? workspace.data_ptr() : nullptr;
+  a.workspace_bytes = static_cast<std::size_t>(workspace.numel());
+  throw_if_error(set.absorbed->run(a, exec_context(dev)), op);
+}
+
+// ---- ragged MHA ----
+std::vector<int64_t> mha_sizes(int64_t max_batch, int64_t max_q_tokens, int64_t max_kv_tokens,
+                               int64_t max_q_len, int64_t num_heads, c10::Device device) {
+  constexpr std::string_view op = "mha_sizes";
+  const OpSet& set = op_set_for(device, op);
+  AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, max_kv_tokens,
+                   narrow_int(max_q_len, "max_q_len", op), narrow_int(num_heads, "num_heads", op)};
+  return {static_cast<int64_t>(set.mha->plan_bytes(cap)),
+          static_cast<int64_t>(set.mha->workspace_bytes(cap))};
+}
+
+void mha_plan(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& staging,
+              const at::Tensor& plan, int64_t num_heads, bool causal, int64_t max_batch,
+              int64_t max_q_tokens, int64_t max_kv_tokens, int64_t max_q_len) {
+  constexpr std::string_view op = "mha_plan";
+  check_host_i32(qo_indptr, "qo_indptr", op);
+  check_host_i32(kv_indptr, "kv_indptr", op);
+  TORCH_CHECK_VALUE(qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1, "mla.", op,
+                    ": qo_indptr has ", qo_indptr.numel(), " entries and kv_indptr ",
+                    kv_indptr.numel(), " (both batch_size + 1)");
+  const OpSet& set = op_set_for(plan.device(), op);
+  const AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, max_kv_tokens,
+                         narrow_int(max_q_len, "max_q_len", op),
+                         narrow_int(num_heads, "num_heads", op)};
+  throw_if_error(set.mha->supports(cap.num_heads), op);
+  MhaProblem p;
+  p.num_heads = cap.num_heads;
+  p.causal = causal;
+  p.qo_indptr = {qo_indptr.data_ptr<int32_t>(), static_cast<std::size_t>(qo_indptr.numel())};
+  p.kv_indptr = {kv_indptr.data_ptr<int32_t>(), static_cast<std::size_t>(kv_indptr.numel())};
+  plan_and_upload(staging, plan, set.mha->plan_bytes(cap), op,
+                  [&](std::span<std::byte> host) { return set.mha->plan(p, cap, host); });
+}
+
+void mha_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& plan,
+             const at::Tensor& workspace, const at::Tensor& o, const at::Tensor& lse,
+             double sm_scale) {
+  constexpr std::string_view op = "mha_run";
+  const at::Device dev = q.device();
+  check_same_device(dev, {{&k, "k"}, {&v, "v"}, {&plan, "plan"}, {&workspace, "workspace"},
+                          {&o, "o"}, {&lse, "lse"}},
+                    op);
+  check_bytes_tensor(plan, "plan", op);
+  check_bytes_tensor(workspace, "workspace", op);
+  const OpSet& set = op_set_for(dev, op);
+  MhaArgs a;
+  a.q = to_view(q, "q", op);
+  a.k = to_view(k, "k", op);
+  a.v = to_view(v, "v", op);
+  a.o = to_view(o, "o", op);
+  a.lse = to_view(lse, "lse", op);
+  a.sm_scale = static_cast<float>(sm_scale);
+  a.plan = plan.data_ptr();
+  a.workspace = workspace.numel() ? workspace.data_ptr() : nullptr;
+  a.workspace_bytes = static_cast<std::size_t>(workspace.numel());
+  throw_if_error(set.mha->run(a, exec_context(dev)), op);
+}
+
+// ---- merge, kv write, gather + up-projection ----
+void merge_state_(const at::Tensor& o_acc, const at::Tensor& lse_acc, const at::Tensor& o_b,
+                  const at::Tensor& lse_b) {
+  constexpr std::string_view op = "merge_state_";
+  const at::Device dev = o_acc.device();
+  check_same_device(dev, {{&lse_acc, "lse_acc"}, {&o_b, "o_b"}, {&lse_b, "lse_b"}}, op);
+  const OpSet& set = op_set_for(dev, op);
+  MergeArgs a;
+  a.o_acc = to_view(o_acc, "o_acc", op);
+  a.lse_acc = to_view(lse_acc, "lse_acc", op);
+  a.o_b = to_view(o_b, "o_b", op);
+  a.lse_b = to_view(lse_b, "lse_b", op);
+  throw_if_error(set.merge->run(a, exec_context(dev)), op);
+}
+
+void kv_write(const at::Tensor& c_kv, const at::Tensor& k_pe, const at::Tensor& out_cache_loc,
+              const at::Tensor& kv_cache, double k_scale) {
+  constexpr std::string_view op = "kv_write";
+  const at::Device dev = kv_cache.device();
+  check_same_device(dev, {{&c_kv, "c_kv"}, {&k_pe, "k_pe"}, {&out_cache_loc, "out_cache_loc"}},
+                    op);
+  const OpSet& set = op_set_for(dev, op);
+  KvWriteArgs a;
+  a.c_kv = to_view(c_kv, "c_kv", op);
+  a.k_pe = to_view(k_pe, "k_pe", op);
+  a.out_cache_loc = to_view(out_cache_loc, "out_cache_loc", op);
+  a.kv_cache = to_view(kv_cache, "kv_cache", op);
+  a.k_scale = static_cast<float>(k_scale);
+  throw_if_error(set.kv_write->run(a, exec_context(dev)), op);
+}
+
+int64_t up_project_workspace_bytes(int64_t max_tokens, int64_t num_heads, c10::Device device) {
+  constexpr std::string_view op = "up_project_workspace_bytes";
+  const OpSet& set = op_set_for(device, op);
+  return static_cast<int64_t>(
+      set.up_project->workspace_bytes(max_tokens, narrow_int(num_heads, "num_heads", op)));
+}
+
+void up_project(const at::Tensor& kv_cache, const at::Tensor& slots, const at::Tensor& kv_b_proj,
+                const at::Tensor& workspace, const at::Tensor& k, const at::Tensor& v,
+                double k_scale) {
+  constexpr std::string_view op = "up_project";
+  const at::Device dev = kv_cache.device();
+  check_same_device(dev, {{&slots, "slots"}, {&kv_b_proj, "kv_b_proj"},
+                          {&workspace, "workspace"}, {&k, "k"}, {&v, "v"}},
+                    op);
+  check_bytes_tensor(workspace, "workspace", op);
+  const OpSet& set = op_set_for(dev, op);
+  UpProjectArgs a;
+  a.kv_cache = to_view(kv_cache, "kv_cache", op);
+  a.k_scale = static_cast<float>(k_scale);
+  a.slots = to_view(slots, "slots", op);
+  a.kv_b_proj = to_view(kv_b_proj, "kv_b_proj", op);
+  a.k = to_view(k, "k", op);
+  a.v = to_view(v, "v", op);
+  a.workspace = workspace.numel() ? workspace.data_ptr() : nullptr;
+  a.workspace_bytes = static_cast<std::size_t>(workspace.numel());
+  throw_if_error(set.up_project->run(a, exec_context(dev)), op);
+}
+
+}  // namespace
+}  // namespace mla::torch_ops
+
+using namespace mla::torch_ops;  // NOLINT: the registration below names the functions above
+
+TORCH_LIBRARY(mla, m) {
+  m.def("absorbed_sizes(int max_batch, int max_q_tokens, int max_q_len, int num_heads, "
+        "Device device) -> int[]",
+        &absorbed_sizes);
+  m.def("absorbed_plan(Tensor req_rows, Tensor q_lens, Tensor kv_lens, Tensor(a!) staging, "
+        "Tensor(b!) plan, int num_heads, int page_size, bool causal, int max_batch, "
+        "int max_q_tokens, int max_q_len) -> ()");
+  m.def("absorbed_run(Tensor q, Tensor kv_cache, Tensor req_to_token, Tensor plan, "
+        "Tensor(a!) workspace, Tensor(b!) o, Tensor(c!) lse, float sm_scale, float k_scale) -> ()");
+  m.def("mha_sizes(int max_batch, int max_q_tokens, int max_kv_tokens, int max_q_len, "
+        "int num_heads, Device device) -> int[]",
+        &mha_sizes);
+  m.def("mha_plan(Tensor qo_indptr, Tensor kv_indptr, Tensor(a!) staging, Tensor(b!) plan, "
+        "int num_heads, bool causal, int max_batch, int max_q_tokens, int max_kv_tokens, "
+        "int max_q_len) -> ()");
+  m.def("mha_run(Tensor q, Tensor k, Tensor v, Tensor plan, Tensor(a!) workspace, Tensor(b!) o, "
+        "Tensor(c!) lse, float sm_scale) -> ()");
+  m.def("merge_state_(Tensor(a!) o_acc, Tensor(b!) lse_acc, Tensor o_b, Tensor lse_b) -> ()");
+  m.def("kv_write(Tensor c_kv, Tensor k_pe, Tensor out_cache_loc, Tensor(a!) kv_cache, "
+        "float k_scale) -> ()");
+  m.def("up_project_workspace_bytes(int max_tokens, int num_heads, Device device) -> int",
+        &up_project_workspace_bytes);
+  m.def("up_project(Tensor kv_cache, Tensor slots, Tensor kv_b_proj, Tensor(a!) workspace, "
+        "Tensor(b!) k, Tensor(c!) v, float k_scale) -> ()");
+}
+
+// The same functions serve both devices: each picks the op set of its tensors' device.
+#define MLA_TORCH_IMPLS(m)                       \
+  m.impl("absorbed_plan", &absorbed_plan);       \
+  m.impl("absorbed_run", &absorbed_run);         \
+  m.impl("mha_plan", &mha_plan);                 \
+  m.impl("mha_run", &mha_run);                   \
+  m.impl("merge_state_", &merge_state_);         \
+  m.impl("kv_write", &kv_write);                 \
+  m.impl("up_project", &up_project);
+
+TORCH_LIBRARY_IMPL(mla, CPU, m) { MLA_TORCH_IMPLS(m) }
+#ifdef MLA_TORCH_CUDA
+TORCH_LIBRARY_IMPL(mla, CUDA, m) { MLA_TORCH_IMPLS(m) }
+#endif

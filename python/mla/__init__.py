@@ -1,0 +1,31 @@
+"""mla: MLA (DeepSeek multi-head latent attention) ops and backends for PyTorch serving engines.
+
+Entry points (LSE base in brackets):
+  mla.get_mla_metadata, mla.flash_mla_with_kvcache      FlashMLA-shaped   [natural log]
+  mla.BatchMLAPagedAttentionWrapper                     FlashInfer-shaped [base 2 by default]
+  mla.merge_state                                       FlashInfer-shaped [natural log]
+  mla.ops: AbsorbedPlan, MhaPlan, kv_write, up_project, merge_state_   [natural log]
+  torch.ops.mla.*: the custom ops themselves (schemas, fake impls, CPU and CUDA kernels)
+  mla.Backend: SGLang's AttentionBackend methods over the ops (paged_mla, chunked_mla,
+    ondemand_mla); mla.integrations.sglang: the SGLang plugin
+"""
+from . import _native
+from ._ops import ops as _torch_ops  # noqa: F401  (loads the library, registers fakes)
+from . import ops
+from .backend import Backend
+from .flashinfer import BatchMLAPagedAttentionWrapper
+from .flashmla import flash_mla_with_kvcache, get_mla_metadata
+from .ops import merge_state
+
+has_cuda_ops = _native.has_cuda_ops
+
+__all__ = [
+    "Backend",
+    "BatchMLAPagedAttentionWrapper",
+    "flash_mla_with_kvcache",
+    "get_mla_metadata",
+    "has_cuda_ops",
+    "merge_state",
+    "ops",
+]
+__version__ = "0.1.0"

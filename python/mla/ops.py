@@ -1,0 +1,234 @@
+"""Python face of the native ops: plan holders with pinned, double-buffered staging, and thin
+functional wrappers. Run paths allocate nothing (the caller passes outputs); the convenience
+functions that return new tensors say so.
+
+LSE convention of every op here: natural log, shape [tokens, heads], float32.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ._ops import ops
+
+LATENT_DIM = 576  # kv_lora_rank 512 + qk_rope_dim 64
+KV_LORA_RANK = 512
+
+
+def _device(d) -> torch.device:
+    d = torch.device(d)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _host_i32(x, name: str) -> torch.Tensor:
+    """A contiguous int32 cpu tensor of x (a list, numpy array or tensor on any device)."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.int32 and x.dim() == 1 and x.is_cpu and x.is_contiguous():
+            return x  # the fast path planning takes every batch
+        t = x.detach()
+        if t.dtype != torch.int32:
+            if t.dtype.is_floating_point or t.dtype == torch.bool:
+                raise ValueError(f"{name}: dtype {t.dtype}, expected an integer tensor")
+            t = t.to(torch.int32)
+        return t.to("cpu").contiguous().reshape(-1)
+    return torch.tensor(list(x), dtype=torch.int32)
+
+
+class _Staging:
+    """Plan bytes on the device plus two pinned host buffers used in turn.
+
+    A plan is written into one host buffer and uploaded from it on the current stream; the next
+    plan uses the other buffer, and before a buffer is written again the host waits for the event
+    recorded after its last upload, so a re-plan never overwrites bytes a copy may still read.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.plan = torch.empty(0, dtype=torch.uint8, device=device)
+        self._host = [torch.empty(0, dtype=torch.uint8)] * 2
+        self._events = [None, None]
+        self._recorded = [False, False]
+        self._turn = 0
+
+    def reserve(self, nbytes: int, fixed: bool = False) -> None:
+        if self.plan.numel() >= nbytes:
+            return
+        if fixed:
+            raise ValueError(
+                f"plan needs {nbytes} bytes but the buffer captured by a CUDA graph has "
+                f"{self.plan.numel()}; plan a larger capacity before capturing"
+            )
+        self.plan = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        if self.device.type == "cuda":
+            for ev in self._events:
+                if ev is not None:
+                    ev.synchronize()
+            self._host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            self._events = [torch.cuda.Event(), torch.cuda.Event()]
+            self._recorded = [False, False]
+
+    def next_host(self) -> Tuple[int, torch.Tensor]:
+        i = self._turn
+        self._turn ^= 1
+        if self.device.type == "cuda" and self._recorded[i]:
+            self._events[i].synchronize()
+        return i, self._host[i]
+
+    def uploaded(self, i: int) -> None:
+        if self.device.type == "cuda":
+            # torch's current stream of the plan's device, where the op enqueued the upload
+            self._events[i].record(torch.cuda.current_stream(self.device))
+            self._recorded[i] = True
+
+
+class AbsorbedPlan:
+    """Absorbed (MQA) paged attention over the latent cache: plan once per batch, run per layer.
+
+    q [T, H, 576] bf16, kv_cache [slots, 576] bf16 or float8_e4m3fn, req_to_token int32
+    [rows, cols] (SGLang's token-level table: slot of token i of row r is
+    req_to_token[r, (i // P) * P] + i % P), o [T, H, 512] bf16, lse [T, H] float32 natural log.
+    Causal is bottom-right aligned. Buffers are sized for the capacity given here.
+    """
+
+    def __init__(self, device, num_heads: int, page_size: int, *, causal: bool = True,
+                 max_batch: int, max_q_tokens: int, max_q_len: int = 1):
+        self.device = _device(device)
+        self.num_heads = int(num_heads)
+        self.page_size = int(page_size)
+        self.causal = bool(causal)
+        self.max_batch = int(max_batch)
+        self.max_q_tokens = int(max_q_tokens)
+        self.max_q_len = int(max_q_len)
+        plan_bytes, ws_bytes = ops.absorbed_sizes(self.max_batch, self.max_q_tokens,
+                                                  self.max_q_len, self.num_heads, self.device)
+        self.plan_bytes = plan_bytes
+        self._staging = _Staging(self.device)
+        self._staging.reserve(plan_bytes)
+        self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
+        self.planned = False
+
+    @property
+    def plan_tensor(self) -> torch.Tensor:
+        return self._staging.plan
+
+    def plan(self, req_rows, q_lens, kv_lens) -> "AbsorbedPlan":
+        """Plans a batch from host lengths (lists or tensors; device tensors are copied to the
+        host, which waits for them)."""
+        rows = _host_i32(req_rows, "req_rows")
+        ql = _host_i32(q_lens, "q_lens")
+        kl = _host_i32(kv_lens, "kv_lens")
+        i, host = self._staging.next_host()
+        ops.absorbed_plan(rows, ql, kl, host, self._staging.plan, self.num_heads,
+                          self.page_size, self.causal, self.max_batch, self.max_q_tokens,
+                          self.max_q_len)
+        self._staging.uploaded(i)
+        self.planned = True
+        return self
+
+    def run(self, q, kv_cache, req_to_token, o, lse, sm_scale: float, k_scale: float = 1.0):
+        """Writes o and lse (natural log) for the batch last planned; allocates nothing."""
+        if not self.planned:
+            raise RuntimeError("AbsorbedPlan.run: plan() was not called")
+        if q.dim() != 3 or q.shape[1] != self.num_heads:
+            raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
+                             f"[tokens, {self.num_heads}, 576]")
+        ops.absorbed_run(q, kv_cache, req_to_token, self._staging.plan, self.workspace, o, lse,
+                         float(sm_scale), float(k_scale))
+        return o, lse
+
+
+class MhaPlan:
+    """Ragged MHA (head dims 192 for q/k, 128 for v): q rows qo_indptr[b].., k/v rows
+    kv_indptr[b].. of request b. o [Tq, H, 128] bf16, lse [Tq, H] float32 natural log."""
+
+    def __init__(self, device, num_heads: int, *, causal: bool = True, max_batch: int,
+                 max_q_tokens: int, max_kv_tokens: int, max_q_len: Optional[int] = None):
+        self.device = _device(device)
+        self.num_heads = int(num_heads)
+        self.causal = bool(causal)
+        self.max_batch = int(max_batch)
+        self.max_q_tokens = int(max_q_tokens)
+        self.max_kv_tokens = int(max_kv_tokens)
+        self.max_q_len = int(max_q_len if max_q_len is not None else max_q_tokens)
+        plan_bytes, ws_bytes = ops.mha_sizes(self.max_batch, self.max_q_tokens,
+                                             self.max_kv_tokens, self.max_q_len, self.num_heads,
+                                             self.device)
+        self._staging = _Staging(self.device)
+        self._staging.reserve(plan_bytes)
+        self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
+        self.planned = False
+
+    def plan(self, qo_indptr, kv_indptr) -> "MhaPlan":
+        qo = _host_i32(qo_indptr, "qo_indptr")
+        kv = _host_i32(kv_indptr, "kv_indptr")
+        i, host = self._staging.next_host()
+        ops.mha_plan(qo, kv, host, self._staging.plan, self.num_heads, self.causal,
+                     self.max_batch, self.max_q_tokens, self.max_kv_tokens, self.max_q_len)
+        self._staging.uploaded(i)
+        self.planned = True
+        return self
+
+    def run(self, q, k, v, o, lse, sm_scale: float):
+        if not self.planned:
+            raise RuntimeError("MhaPlan.run: plan() was not called")
+        if q.dim() != 3 or q.shape[1] != self.num_heads:
+            raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
+                             f"[tokens, {self.num_heads}, 192]")
+        ops.mha_run(q, k, v, self._staging.plan, self.workspace, o, lse, float(sm_scale))
+        return o, lse
+
+
+def merge_state_(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
+    """In place: (v_a, s_a) <- merge of (v_a, s_a) and (v_b, s_b). s are natural-log LSEs."""
+    ops.merge_state_(v_a, s_a, v_b, s_b)
+    return v_a, s_a
+
+
+def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
+    """FlashInfer-shaped merge of two attention states: v [T, H, D] bf16, s [T, H] float32.
+    Returns new (v_merged, s_merged). Unlike FlashInfer (base-2 LSE), s is natural log here,
+    the LSE every mla op returns."""
+    v = v_a.clone()
+    s = s_a.clone()
+    ops.merge_state_(v, s, v_b, s_b)
+    return v, s
+
+
+def kv_write(c_kv: torch.Tensor, k_pe: torch.Tensor, out_cache_loc: torch.Tensor,
+             kv_cache: torch.Tensor, k_scale: float = 1.0) -> None:
+    """kv_cache[out_cache_loc[t]] = [c_kv[t] | k_pe[t]] (fp8 cache: value / k_scale)."""
+    ops.kv_write(c_kv, k_pe, out_cache_loc, kv_cache, float(k_scale))
+
+
+def up_project_workspace_bytes(max_tokens: int, num_heads: int, device) -> int:
+    return ops.up_project_workspace_bytes(int(max_tokens), int(num_heads), _device(device))
+
+
+def up_project(kv_cache, slots, kv_b_proj, k, v, workspace: Optional[torch.Tensor] = None,
+               k_scale: float = 1.0):
+    """Gathers latent rows by slot and up-projects them through kv_b_proj [H * 256, 512]:
+    k [N, H, 192] = [c_kv @ W_UK^T | k_pe], v [N, H, 128] = c_kv @ W_UV^T. Pass a workspace of
+    up_project_workspace_bytes(N, H) bytes to allocate nothing."""
+    if workspace is None:
+        nbytes = up_project_workspace_bytes(slots.numel(), k.shape[1], kv_cache.device)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=kv_cache.device)
+    ops.up_project(kv_cache, slots, kv_b_proj, workspace, k, v, float(k_scale))
+    return k, v
+
+
+def block_table_to_req_to_token(block_table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Token-level table of a block table of page ids [batch, max_blocks]: row b, column i holds
+    block_table[b, i // P] * P + i % P. This is a copy (batch x max_blocks x P int32): the
+    absorbed kernels read SGLang's token-level form."""
+    if block_table.dim() != 2 or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table: expected int32 [batch, max_blocks], got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    P = int(page_size)
+    base = (block_table * P).repeat_interleave(P, dim=1)
+    if P > 1:
+        base += torch.arange(P, dtype=torch.int32, device=block_table.device).repeat(
+            block_table.shape[1])
+    return base

@@ -1,0 +1,59 @@
+// Pinned host staging for the plan uploads of a backend (SYSTEM.md 5: every byte in the ledger).
+// Host planning writes into reused vectors; upload() copies the bytes into page-locked staging
+// memory and enqueues the copy to the device on the caller's stream, so the copy is ordered with
+// the layers' kernels on that stream (a pageable copy on the legacy default stream is not
+// ordered against a non-blocking stream). Two buffers are used in turn, one per planning call:
+// close() records an event after a call's last upload, and the first upload of a later call
+// into that buffer waits for the event, so a re-plan never overwrites staging bytes a copy may
+// still be reading. Planning must not run inside a stream capture (the copies would be captured).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+
+#include "mla/memory.h"
+#include "mla/status.h"
+
+namespace mla::backends {
+
+class UploadStaging {
+ public:
+  UploadStaging(std::string name, std::string owner, Device device)
+      : name_(std::move(name)), owner_(std::move(owner)), device_(device) {}
+  ~UploadStaging();
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+
+  // Copies `bytes` from host `src` to device `dst`, ordered on `stream`. On the cpu: memcpy.
+  Status upload(void* dst, const void* src, std::size_t bytes, void* stream);
+  // Ends a planning call: records the event of the buffer filled since the last close().
+  Status close(void* stream);
+
+  std::size_t capacity(int i) const { return slots_[i].bytes; }
+  uint64_t waits() const { return waits_; }      // event waits before reusing a buffer
+  uint64_t grows() const { return grows_; }      // (re)allocations
+
+ private:
+  struct Slot {
+    std::byte* data = nullptr;
+    std::size_t bytes = 0;
+    void* event = nullptr;
+    bool pending = false;  // event recorded after uploads that may still run
+    uint64_t ledger_id = 0;
+  };
+  Status open(std::size_t first_bytes, void* stream);
+  Status grow(Slot& s, std::size_t bytes);
+  void release(Slot& s);
+
+  std::string name_, owner_;
+  Device device_;
+  DeviceRuntime* rt_ = nullptr;
+  std::array<Slot, 2> slots_{};
+  int current_ = 1;     // slot being filled when open_
+  bool open_ = false;
+  std::size_t cursor_ = 0;
+  uint64_t waits_ = 0, grows_ = 0;
+};
+
+}  // namespace mla::backends

@@ -1,0 +1,170 @@
+"""opcheck on every op, torch.compile(fullgraph=True) of a layer calling them, and bad inputs
+that must raise an exception naming the argument and its values and write nothing."""
+import pytest
+import torch
+
+import mla
+from mla import ops
+
+from cases import PagedCase
+
+_OPCHECK_TESTS = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def _absorbed_setup(device, heads=16, P=16, q_len=1):
+    case = PagedCase(page_size=P, kv_lens=[q_len + 5, q_len + 30], q_lens=[q_len, q_len],
+                     heads=heads, layout="shuffled", seed=1).to(device)
+    plan = ops.AbsorbedPlan(device, heads, P, max_batch=2, max_q_tokens=2 * q_len,
+                            max_q_len=q_len)
+    plan.plan(case.rows, [q_len, q_len], case.kv_lens)
+    T = 2 * q_len
+    o = torch.zeros(T, heads, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.zeros(T, heads, dtype=torch.float32, device=device)
+    return case, plan, o, lse
+
+
+def test_opcheck_absorbed(device):
+    case, plan, o, lse = _absorbed_setup(device)
+    torch.library.opcheck(torch.ops.mla.absorbed_run.default,
+                          (case.q, case.cache, case.req_to_token, plan.plan_tensor, plan.workspace,
+                           o, lse, case.sm_scale, 1.0), test_utils=_OPCHECK_TESTS)
+    staging = torch.empty(plan.plan_bytes, dtype=torch.uint8)
+    torch.library.opcheck(torch.ops.mla.absorbed_plan.default,
+                          (case.rows, torch.tensor([1, 1], dtype=torch.int32),
+                           torch.tensor(case.kv_lens, dtype=torch.int32), staging,
+                           plan.plan_tensor, 16, 16, True, 2, 2, 1), test_utils=("test_schema",))
+
+
+def test_opcheck_mha(device):
+    H = 16
+    q = torch.randn(5, H, 192).to(torch.bfloat16).to(device)
+    k = torch.randn(9, H, 192).to(torch.bfloat16).to(device)
+    v = torch.randn(9, H, 128).to(torch.bfloat16).to(device)
+    plan = ops.MhaPlan(device, H, max_batch=2, max_q_tokens=5, max_kv_tokens=9)
+    plan.plan([0, 2, 5], [0, 4, 9])
+    o = torch.zeros(5, H, 128, dtype=torch.bfloat16, device=device)
+    lse = torch.zeros(5, H, device=device)
+    torch.library.opcheck(torch.ops.mla.mha_run.default,
+                          (q, k, v, plan._staging.plan, plan.workspace, o, lse, 0.1),
+                          test_utils=_OPCHECK_TESTS)
+
+
+def test_opcheck_merge_kv_write_up_project(device):
+    T, H = 4, 16
+    va = torch.randn(T, H, 512).to(torch.bfloat16).to(device)
+    vb = torch.randn(T, H, 512).to(torch.bfloat16).to(device)
+    sa, sb = torch.randn(T, H, device=device), torch.randn(T, H, device=device)
+    torch.library.opcheck(torch.ops.mla.merge_state_.default, (va, sa, vb, sb),
+                          test_utils=_OPCHECK_TESTS)
+    cache = torch.zeros(32, 576, dtype=torch.bfloat16, device=device)
+    c_kv = torch.randn(T, 512).to(torch.bfloat16).to(device)
+    k_pe = torch.randn(T, 64).to(torch.bfloat16).to(device)
+    loc = torch.tensor([3, 9, 1, 30], dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops.mla.kv_write.default, (c_kv, k_pe, loc, cache, 1.0),
+                          test_utils=_OPCHECK_TESTS)
+    w = (torch.randn(H * 256, 512) * 0.05).to(torch.bfloat16).to(device)
+    k = torch.empty(T, H, 192, dtype=torch.bfloat16, device=device)
+    v = torch.empty(T, H, 128, dtype=torch.bfloat16, device=device)
+    ws = torch.empty(ops.up_project_workspace_bytes(T, H, device), dtype=torch.uint8, device=device)
+    torch.library.opcheck(torch.ops.mla.up_project.default, (cache, loc, w, ws, k, v, 1.0),
+                          test_utils=_OPCHECK_TESTS)
+
+
+def test_torch_compile_fullgraph_layer(device):
+    """A decode layer body: kv write, absorbed attention, merge with a second state."""
+    case, plan, o, lse = _absorbed_setup(device)
+    c_kv = torch.randn(2, 512).to(torch.bfloat16).to(device)
+    k_pe = torch.randn(2, 64).to(torch.bfloat16).to(device)
+    loc = torch.tensor([case.slots(0)[-1], case.slots(1)[-1]], dtype=torch.int32, device=device)
+    o_b = torch.randn(2, 16, 512).to(torch.bfloat16).to(device)
+    lse_b = torch.randn(2, 16, device=device)
+
+    def layer(q, cache, r2t, plan_t, ws, c_kv, k_pe, loc, o, lse, o_b, lse_b):
+        torch.ops.mla.kv_write(c_kv, k_pe, loc, cache, 1.0)
+        torch.ops.mla.absorbed_run(q * 1.0, cache, r2t, plan_t, ws, o, lse, 0.1, 1.0)
+        torch.ops.mla.merge_state_(o, lse, o_b, lse_b)
+        return o.float().sum(), lse
+
+    args = (case.q, case.cache.clone(), case.req_to_token, plan.plan_tensor, plan.workspace,
+            c_kv, k_pe, loc)
+    o_e, lse_e = o.clone(), lse.clone()
+    eager = layer(*args, o_e, lse_e, o_b, lse_b)
+    args = (case.q, case.cache.clone(), case.req_to_token, plan.plan_tensor, plan.workspace,
+            c_kv, k_pe, loc)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    o_c, lse_c = o.clone(), lse.clone()
+    got = compiled(*args, o_c, lse_c, o_b, lse_b)
+    assert torch.equal(o_c, o_e) and torch.equal(lse_c, lse_e)
+    assert torch.equal(got[0], eager[0])
+
+
+# ---- bad input: each raises, names the argument and its values, and writes nothing ----
+
+def _bad_cases(device):
+    case, plan, o, lse = _absorbed_setup(device)
+    good = dict(q=case.q, kv_cache=case.cache, req_to_token=case.req_to_token,
+                plan=plan.plan_tensor, workspace=plan.workspace, o=o, lse=lse)
+    q_strided = torch.zeros(2, 16, 1152, dtype=torch.bfloat16, device=device)[..., ::2]
+    bad_r2t = case.req_to_token.clone()
+    bad_r2t[case.rows[1], 16] = 10_000_000  # a page id far beyond the cache
+    cases = [
+        ("wrong dtype", dict(q=case.q.float()), (ValueError,), ["q", "f32"]),
+        ("wrong shape", dict(q=case.q[..., :575]), (ValueError,), ["q", "575"]),
+        ("unsupported stride", dict(q=q_strided), (ValueError,), ["q"]),
+        ("wrong heads", dict(o=torch.zeros(2, 8, 512, dtype=torch.bfloat16, device=device)),
+         (ValueError,), ["o", "8"]),
+        ("out-of-range page", dict(req_to_token=bad_r2t), (ValueError, RuntimeError),
+         ["slot 10000000", "kv_cache"]),
+    ]
+    if torch.cuda.is_available() and mla.has_cuda_ops():
+        other = "cpu" if device.type == "cuda" else "cuda"
+        cases.append(("wrong device", dict(lse=torch.zeros(2, 16, device=other)), (ValueError,),
+                      ["lse", "is on"]))
+    return case, plan, good, cases
+
+
+def test_bad_inputs_raise_and_write_nothing(device):
+    case, plan, good, cases = _bad_cases(device)
+    for name, override, excs, words in cases:
+        if name == "out-of-range page" and device.type == "cuda":
+            continue  # the kernels do not check slots (no device sync); see README
+        args = dict(good, **override)
+        o_before, lse_before = args["o"].clone(), args["lse"].clone()
+        with pytest.raises(excs) as info:
+            torch.ops.mla.absorbed_run(args["q"], args["kv_cache"], args["req_to_token"],
+                                       args["plan"], args["workspace"], args["o"], args["lse"],
+                                       case.sm_scale, 1.0)
+        msg = str(info.value)
+        for w in words:
+            assert w in msg, f"{name}: '{w}' not in: {msg}"
+        assert torch.equal(args["o"], o_before), name
+        assert torch.equal(args["lse"], lse_before), name
+
+
+def test_plan_bad_inputs(device):
+    plan = ops.AbsorbedPlan(device, 16, 16, max_batch=2, max_q_tokens=2)
+    before = plan.plan_tensor.clone()
+    with pytest.raises(ValueError, match=r"req_rows has 2 entries, q_lens 1"):
+        plan.plan([1, 2], [1], [5, 6])  # mismatched batch
+    with pytest.raises(ValueError, match=r"causal kv_lens\[1\] = 0 is below q_lens\[1\] = 1"):
+        plan.plan([1, 2], [1, 1], [5, 0])
+    with pytest.raises(ValueError, match=r"batch size 3 exceeds capacity (max_batch = )?2"):
+        plan.plan([1, 2, 3], [1, 1, 1], [5, 6, 7])
+    with pytest.raises(ValueError, match="page_size"):
+        ops.AbsorbedPlan(device, 16, 24, max_batch=2, max_q_tokens=2).plan([1], [1], [3])
+    assert torch.equal(plan.plan_tensor, before)
+
+
+def test_merge_and_kv_write_bad_inputs(device):
+    va = torch.zeros(3, 16, 512, dtype=torch.bfloat16, device=device)
+    sa = torch.zeros(3, 16, device=device)
+    with pytest.raises(ValueError, match="lse_b"):
+        torch.ops.mla.merge_state_(va, sa, va.clone(), torch.zeros(4, 16, device=device))
+    assert float(sa.abs().max()) == 0.0
+    cache = torch.zeros(8, 576, dtype=torch.bfloat16, device=device)
+    c_kv = torch.ones(2, 512, dtype=torch.bfloat16, device=device)
+    k_pe = torch.ones(2, 64, dtype=torch.bfloat16, device=device)
+    with pytest.raises((ValueError, RuntimeError), match="out_cache_loc"):
+        torch.ops.mla.kv_write(c_kv, k_pe, torch.tensor([1, 2], dtype=torch.int64, device=device),
+                               cache, 1.0)
+    assert float(cache.float().abs().max()) == 0.0
