@@ -219,7 +219,8 @@ CLI::App* add_info_command(CLI::App& app, CommandRunner* runner) {
               "memory each backend allocates outside the KV pool");
   sub->add_option("--device", opts->device,
                   "Report per-backend device memory for DeepSeek-V3 (128 heads), graph state for "
-                  "batch 256, q_len 2 on this device (cpu, cuda, cuda:N)");
+                  "batch 256, q_len 2 on this device (cpu, cuda, cuda:N)")
+      ->check(device_name());
   sub->add_flag("--json", opts->json_out, "Print one JSON object");
   sub->callback([runner, opts] { *runner = [opts] { return run_info(*opts); }; });
   return sub;

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
+#include "mla/model.h"
 #include "planning/chunked_prefix.h"
 
 namespace mla::cli {
@@ -92,8 +93,9 @@ int run_plan(const PlanOptions& o) {
                                  o.batch_size, o.seq_len, o.draft_tokens));
   }
   if (!o.prefix_lens.empty() && static_cast<int>(o.prefix_lens.size()) != o.batch_size) {
-    return fail(invalid_argument("--prefix-lens has {} entries, --batch-size is {}",
-                                 o.prefix_lens.size(), o.batch_size));
+    return fail(invalid_argument("--prefix-lens {} has {} entries, --batch-size is {}",
+                                 fmt::join(o.prefix_lens, ","), o.prefix_lens.size(),
+                                 o.batch_size));
   }
   KvPoolConfig pc;
   pc.num_layers = 1;
@@ -105,7 +107,12 @@ int run_plan(const PlanOptions& o) {
   pc.latent_dim = model->latent_dim();
   pc.device = *device;
   auto pool = LatentKvPool::create(pc);
-  if (!pool.ok()) return fail(pool.status());
+  if (!pool.ok()) {
+    return fail(Status(pool.status().code(),
+                       fmt::format("the KV pool for --batch-size = {} requests of --seq-len = {} "
+                                   "tokens cannot be created: {}",
+                                   o.batch_size, o.seq_len, pool.status().message())));
+  }
   ForwardBatch batch;
   if (Status s = build_batch(o, **pool, &batch); !s.ok()) return fail(s);
 
@@ -191,26 +198,43 @@ CLI::App* add_plan_command(CLI::App& app, CommandRunner* runner) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Plan one synthetic batch with a backend and print its decisions (no attention)");
+  constexpr int64_t kMaxLen = int64_t{1} << 20;
   sub->add_option("--backend", o->backend, "paged_mla, chunked_mla or ondemand_mla")
-      ->capture_default_str();
-  sub->add_option("--device", o->device, "cpu, cuda, cuda:N")->capture_default_str();
-  sub->add_option("--model", o->model, "Model preset")->capture_default_str();
+      ->capture_default_str()
+      ->check(word_in(BackendRegistry::global().names()));
+  sub->add_option("--device", o->device, "cpu, cuda, cuda:N")
+      ->capture_default_str()
+      ->check(device_name());
+  sub->add_option("--model", o->model, "Model preset")
+      ->capture_default_str()
+      ->check(word_in(model_preset_names()));
   sub->add_option("--mode", o->mode, "decode, extend, mixed, verify, draft_extend")
-      ->capture_default_str();
-  sub->add_option("--batch-size", o->batch_size, "Requests")->capture_default_str();
+      ->capture_default_str()
+      ->check(word_in({"decode", "extend", "prefill", "mixed", "verify", "target_verify",
+                        "target-verify", "draft_extend", "draft-extend"}));
+  sub->add_option("--batch-size", o->batch_size, "Requests")
+      ->capture_default_str()
+      ->transform(integer_in(1, 4096));
   sub->add_option("--seq-len", o->seq_len,
                   "Tokens per request after the batch (verify: before the drafts)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxLen));
   sub->add_option("--prefix-len", o->prefix_len, "Cached prefix per request (extend-like modes)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(0, kMaxLen - 1));
   sub->add_option("--prefix-lens", o->prefix_lens, "Per-request cached prefixes (e.g. 16,32,48)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->transform(integer_in(0, kMaxLen - 1));
   sub->add_option("--draft-tokens", o->draft_tokens, "Verify: draft tokens per request")
-      ->capture_default_str();
-  sub->add_option("--page-size", o->page_size, "1, 16, 32, 64 or 128")->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, 8));
+  sub->add_option("--page-size", o->page_size, "1, 16, 32, 64 or 128")
+      ->capture_default_str()
+      ->transform(integer_one_of({1, 16, 32, 64, 128}));
   sub->add_option("--chunk-capacity", o->chunk_capacity,
                   "Chunked prefix cache: tokens per chunk across the batch")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxLen * 4096));
   sub->add_flag("--disable-chunked-prefix-cache", o->disable_chunked_prefix_cache,
                 "Disable the chunked prefix cache (chunked_mla falls back with a prefix)");
   sub->add_flag("--piecewise-graph", o->piecewise_graph, "Piecewise-graph mode");

@@ -3,17 +3,27 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_util.h"
 #include "commands.h"
+#include "mla/model.h"
 #include "run_driver.h"
 
 namespace mla::cli {
 namespace {
 
 using nlohmann::json;
+
+// Flag limits: beyond them a run cannot be meaningful on any machine (the KV pool's int32 slots,
+// a request table of rows x max-context-len entries, days of simulation).
+constexpr int64_t kMaxLayers = 128;
+constexpr int64_t kMaxRequests = 1'000'000;
+constexpr int64_t kMaxRunning = 4096;
+constexpr int64_t kMaxPoolTokens = int64_t{1} << 26;
+constexpr int64_t kMaxContextLen = int64_t{1} << 20;
 
 struct RunFlags {
   RunConfig config;
@@ -172,30 +182,47 @@ CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
   RunConfig& c = f->config;
   CLI::App* sub = app.add_subcommand(
       "run", "Serving simulation: drive a backend through a realistic stream of batches");
+  const auto backends = BackendRegistry::global().names();
   sub->add_option("--backend", c.backend, "paged_mla, chunked_mla or ondemand_mla")
-      ->capture_default_str();
-  sub->add_option("--device", f->device, "cpu, cuda, cuda:N")->capture_default_str();
-  sub->add_option("--model", c.model, "Model preset (mla info lists them)")->capture_default_str();
-  sub->add_option("--layers", c.layers, "Layers run per batch")->capture_default_str();
-  sub->add_option("--page-size", c.page_size, "1, 16, 32, 64 or 128")->capture_default_str();
+      ->capture_default_str()
+      ->check(word_in(backends));
+  sub->add_option("--device", f->device, "cpu, cuda, cuda:N")
+      ->capture_default_str()
+      ->check(device_name());
+  sub->add_option("--model", c.model, "Model preset (mla info lists them)")
+      ->capture_default_str()
+      ->check(word_in(model_preset_names()));
+  sub->add_option("--layers", c.layers, "Layers run per batch")
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxLayers));
+  sub->add_option("--page-size", c.page_size, "1, 16, 32, 64 or 128")
+      ->capture_default_str()
+      ->transform(integer_one_of({1, 16, 32, 64, 128}));
   sub->add_option("--requests", f->requests, "Requests of the embedded workload")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxRequests));
   sub->add_option("--seed", f->seed, "Seed of the workload, inputs and accepted drafts")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(unsigned_integer());
   sub->add_option("--speculative", c.scheduler.speculative_tokens,
                   "Draft tokens per TARGET_VERIFY (0 = off); adds DRAFT_EXTEND batches")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(0, 8));
   sub->add_option("--trace", c.trace, "Replay a JSONL request trace (docs/trace-format.md)");
   sub->add_option("--dump-trace", c.dump_trace, "Write the workload as a JSONL trace");
   sub->add_option("--max-running", c.scheduler.max_running_requests, "Running requests at most")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxRunning));
   sub->add_option("--max-batch-tokens", c.scheduler.max_batch_tokens,
-                  "New tokens per batch at most (chunked prefill)")
-      ->capture_default_str();
+                  "New tokens per batch at most (chunked prefill); at most --pool-tokens")
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxPoolTokens));
   sub->add_option("--pool-tokens", c.pool_tokens, "KV pool capacity in tokens")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxPoolTokens));
   sub->add_option("--max-context-len", c.max_context_len, "Longest request (tokens)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxContextLen));
   sub->add_flag("--no-mixed", f->no_mixed, "No MIXED batches (prefill and decode apart)");
   sub->add_flag("--disable-chunked-prefix-cache", c.disable_chunked_prefix_cache,
                 "Backend option: no chunked prefix cache (chunked_mla falls back with a prefix)");
@@ -206,10 +233,12 @@ CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
   sub->add_flag("--check", c.check,
                 "Compare sampled steps with the double-precision reference; exit 1 on failure");
   sub->add_option("--check-steps", c.check_steps, "Steps compared with --check")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, std::numeric_limits<int>::max()));
   sub->add_option("--check-tolerance", c.check_tolerance,
                   "Largest relative error ||o - ref|| / ||ref|| accepted")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(positive_finite());
   sub->add_flag("--json", f->json_out, "Print one JSON object (no progress bar)");
   sub->add_flag("--no-progress", f->no_progress, "No progress bar on stderr");
   sub->callback([runner, f] { *runner = [f] { return run_run(*f); }; });

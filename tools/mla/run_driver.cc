@@ -93,8 +93,13 @@ class Simulation {
 
 Status Simulation::setup() {
   MLA_CHECK_ARG(c_.layers >= 1, "--layers = {} must be >= 1", c_.layers);
-  MLA_CHECK_ARG(c_.pool_tokens >= c_.page_size, "--pool-tokens = {} is below one page of {}",
-                c_.pool_tokens, c_.page_size);
+  MLA_CHECK_ARG(c_.pool_tokens >= c_.page_size,
+                "--pool-tokens = {} is below one page of --page-size = {} tokens", c_.pool_tokens,
+                c_.page_size);
+  MLA_CHECK_ARG(c_.scheduler.max_batch_tokens <= c_.pool_tokens,
+                "--max-batch-tokens = {} exceeds --pool-tokens = {}: a batch's new tokens need "
+                "KV slots",
+                c_.scheduler.max_batch_tokens, c_.pool_tokens);
   MLA_ASSIGN_OR_RETURN(model_, model_preset(c_.model));
   MLA_CHECK_ARG(device_available(c_.device), "--device {} is not available{}",
                 c_.device.to_string(),
@@ -104,7 +109,11 @@ Status Simulation::setup() {
   if (c_.trace.empty()) {
     MLA_ASSIGN_OR_RETURN(requests, sim::generate_workload(c_.workload));
   } else {
-    MLA_ASSIGN_OR_RETURN(requests, sim::load_trace(c_.trace));
+    auto loaded = sim::load_trace(c_.trace);
+    if (!loaded.ok()) {
+      return Status(loaded.status().code(), "--trace: " + loaded.status().message());
+    }
+    requests = std::move(*loaded);
   }
   report_.workload = (c_.trace.empty() ? "embedded: " : c_.trace + ": ") +
                      sim::describe_workload(requests);
@@ -123,10 +132,22 @@ Status Simulation::setup() {
   pc.max_context_len = c_.max_context_len;
   pc.latent_dim = model_.latent_dim();
   pc.device = c_.device;
-  MLA_ASSIGN_OR_RETURN(pool_, LatentKvPool::create(pc));
+  auto pool = LatentKvPool::create(pc);
+  if (!pool.ok()) {
+    return Status(pool.status().code(),
+                  fmt::format("the KV pool of --pool-tokens = {}, --layers = {}, --max-running = "
+                              "{}, --max-context-len = {} cannot be created: {}",
+                              c_.pool_tokens, c_.layers, c_.scheduler.max_running_requests,
+                              c_.max_context_len, pool.status().message()));
+  }
+  pool_ = std::move(*pool);
   report_.pool_bytes = static_cast<std::size_t>(pool_->num_slots()) * 576 * 2 * pc.num_layers;
-  MLA_ASSIGN_OR_RETURN(scheduler_,
-                       sim::Scheduler::create(pool_.get(), c_.scheduler, std::move(requests)));
+  auto scheduler = sim::Scheduler::create(pool_.get(), c_.scheduler, std::move(requests));
+  if (!scheduler.ok()) {
+    if (c_.trace.empty()) return scheduler.status();
+    return Status(scheduler.status().code(), c_.trace + ": " + scheduler.status().message());
+  }
+  scheduler_ = std::move(*scheduler);
 
   BackendContext ctx;
   ctx.pool = pool_.get();
