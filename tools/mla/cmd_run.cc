@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fmt/ranges.h>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -34,6 +35,39 @@ struct RunFlags {
   bool json_out = false;
   bool no_progress = false;
 };
+
+json check_json(const RunReport& r, const RunConfig& c) {
+  json steps = json::array();
+  for (const CheckedStep& cs : r.checks) {
+    json s{{"step", cs.step}, {"mode", cs.mode}, {"reason", cs.reason},
+           {"layer", cs.layer}, {"batch_size", cs.batch_size}, {"tokens", cs.tokens},
+           {"max_prefix", cs.max_prefix}, {"requests_checked", cs.requests_checked},
+           {"rows_checked", cs.rows_checked}, {"heads_checked", cs.heads_checked},
+           {"kv_slots_checked", cs.kv_slots_checked}, {"kv_mismatches", cs.kv_mismatches},
+           {"rel_err", cs.rel_err}, {"worst_request", cs.worst_request},
+           {"worst_row", cs.worst_row}, {"passed", cs.passed}};
+    if (!cs.kv_error.empty()) s["kv_error"] = cs.kv_error;
+    steps.push_back(std::move(s));
+  }
+  const CheckSummary& s = r.check_summary;
+  return {{"passed", r.check_passed},
+          {"tolerance", c.check_tolerance},
+          {"max_rel_err", r.max_rel_err},
+          {"budget_macs_per_step", c.check_budget},
+          {"steps", s.steps},
+          {"steps_checked", s.steps_checked},
+          {"steps_skipped", s.steps_skipped},
+          {"requests_checked", s.requests_checked},
+          {"rows", s.rows},
+          {"rows_checked", s.rows_checked},
+          {"rows_sampled_out", s.rows_sampled_out},
+          {"steps_with_sampled_heads", s.steps_with_sampled_heads},
+          {"kv_slots_checked", s.kv_slots_checked},
+          {"kv_mismatches", s.kv_mismatches},
+          {"kinds_present", s.kinds_present},
+          {"kinds_checked", s.kinds_checked},
+          {"checks", steps}};
+}
 
 json report_json(const RunReport& r, const RunConfig& c) {
   json tokens = json::object(), seconds = json::object(), batches = json::object(),
@@ -85,16 +119,7 @@ json report_json(const RunReport& r, const RunConfig& c) {
            {"drafts_proposed", s.drafts_proposed},
            {"drafts_accepted", s.drafts_accepted},
            {"peak_used_pages", s.peak_used_pages}}}};
-  if (r.checked) {
-    json steps = json::array();
-    for (const CheckedStep& cs : r.checks) {
-      steps.push_back({{"step", cs.step}, {"mode", cs.mode}, {"batch_size", cs.batch_size},
-                       {"tokens", cs.tokens}, {"rel_err", cs.rel_err}});
-    }
-    j["check"] = {{"steps_checked", r.checks.size()}, {"max_rel_err", r.max_rel_err},
-                  {"tolerance", c.check_tolerance}, {"passed", r.check_passed},
-                  {"steps", steps}};
-  }
+  if (r.checked) j["check"] = check_json(r, c);
   return j;
 }
 
@@ -138,13 +163,29 @@ void print_report(const RunReport& r, const RunConfig& c) {
              human_bytes(r.pool_bytes));
   print_ledger_table(r.workspaces, "  ");
   if (r.checked) {
-    fmt::print("\ncheck: {} steps against the double-precision reference, max rel err {:.3g} "
+    const CheckSummary& cs = r.check_summary;
+    fmt::print("\ncheck: {} of {} steps against the double-precision reference: {} request "
+               "entries, {} of {} token rows ({} sampled out by the reference budget), {} KV "
+               "slots against the simulation's KV model ({} wrong); worst per-row rel err {:.3g} "
                "(tolerance {:.3g}): {}\n",
-               r.checks.size(), r.max_rel_err, c.check_tolerance,
-               r.check_passed ? "PASSED" : "FAILED");
-    for (const CheckedStep& cs : r.checks) {
-      fmt::print("  step {:>4} {:<13} bs {:>3} tokens {:>5}  rel err {:.3g}\n", cs.step, cs.mode,
-                 cs.batch_size, cs.tokens, cs.rel_err);
+               cs.steps_checked, cs.steps, cs.requests_checked, cs.rows_checked, cs.rows,
+               cs.rows_sampled_out, cs.kv_slots_checked, cs.kv_mismatches, r.max_rel_err,
+               c.check_tolerance, r.check_passed ? "PASSED" : "FAILED");
+    fmt::print("  kinds present: {}; checked: {}\n", fmt::join(cs.kinds_present, ", "),
+               fmt::join(cs.kinds_checked, ", "));
+    if (cs.steps_with_sampled_heads) {
+      fmt::print("  {} steps checked a sample of the heads (reference budget)\n",
+                 cs.steps_with_sampled_heads);
+    }
+    for (const auto& [why, n] : cs.steps_skipped) fmt::print("  {} steps skipped: {}\n", n, why);
+    for (const CheckedStep& s : r.checks) {
+      fmt::print("  step {:>4} {:<13} bs {:>3} tokens {:>5} prefix {:>6}  rows {:>5} heads {:>3} "
+                 "kv {:>7}{}  rel err {:.3g} (request {} row {})  {}\n",
+                 s.step, s.mode, s.batch_size, s.tokens, s.max_prefix, s.rows_checked,
+                 s.heads_checked, s.kv_slots_checked,
+                 s.kv_mismatches ? fmt::format(" ({} WRONG)", s.kv_mismatches) : "", s.rel_err,
+                 s.worst_request, s.worst_row, s.reason);
+      if (!s.kv_error.empty()) fmt::print("    {}\n", s.kv_error);
     }
   }
   fmt::print("\nwall time {:.2f} s\n", r.wall_seconds);
@@ -168,8 +209,14 @@ int run_run(RunFlags& f) {
     print_report(*report, c);
   }
   if (c.check && !report->check_passed) {
-    std::fprintf(stderr, "mla run: --check failed (max rel err %.3g, tolerance %.3g, %zu steps)\n",
-                 report->max_rel_err, c.check_tolerance, report->checks.size());
+    const CheckSummary& cs = report->check_summary;
+    std::fprintf(stderr,
+                 "mla run: --check failed: worst per-row rel err %.3g (tolerance %.3g), %lld "
+                 "wrong KV slots, %lld steps checked, kinds checked %zu of %zu\n",
+                 report->max_rel_err, c.check_tolerance,
+                 static_cast<long long>(cs.kv_mismatches),
+                 static_cast<long long>(cs.steps_checked), cs.kinds_checked.size(),
+                 cs.kinds_present.size());
     return 1;
   }
   return 0;
@@ -232,11 +279,13 @@ CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
                 "Capture/replay metadata path for decode and verify batches");
   sub->add_flag("--check", c.check,
                 "Compare sampled steps with the double-precision reference; exit 1 on failure");
-  sub->add_option("--check-steps", c.check_steps, "Steps compared with --check")
+  sub->add_option("--check-steps", c.check_steps,
+                  "--check: extra steps sampled (every 5th) beyond the first of each batch kind "
+                  "and every extend with a prefix")
       ->capture_default_str()
       ->transform(integer_in(1, std::numeric_limits<int>::max()));
   sub->add_option("--check-tolerance", c.check_tolerance,
-                  "Largest relative error ||o - ref|| / ||ref|| accepted")
+                  "Largest per-row relative error ||o - ref|| / ||ref|| accepted")
       ->capture_default_str()
       ->check(positive_finite());
   sub->add_flag("--json", f->json_out, "Print one JSON object (no progress bar)");

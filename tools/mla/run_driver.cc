@@ -21,9 +21,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Reference cost (multiply-adds) above which a step is not checked: a few seconds on one core.
-constexpr double kMaxCheckCost = 3e9;
-
 // Graph batch sizes captured, as a serving engine does: 1, 2, 4, 8, then multiples of 8.
 int graph_bucket(int bs, int max_bs) {
   int b = 1;
@@ -47,9 +44,23 @@ ForwardBatch padded_graph_batch(ForwardMode mode, int padded_bs, int num_draft_t
   return b;
 }
 
-// Each (mode, with or without a cached prefix) kind is checked at least once when affordable.
-int check_kind(const ForwardBatch& b) {
-  return static_cast<int>(b.mode) * 2 + (b.has_prefix() ? 1 : 0);
+// Each (mode, with or without a cached prefix) kind present is checked at least once.
+std::string check_kind(const ForwardBatch& b) {
+  return fmt::format("{}{}", forward_mode_name(b.mode), b.has_prefix() ? "+prefix" : "");
+}
+
+// The largest cached prefix of the step's prefill entries (EXTEND, and MIXED's first
+// num_prefill entries); 0 for other modes.
+int32_t prefill_prefix(const sim::Step& step) {
+  const ForwardBatch& b = step.batch;
+  int n = 0;
+  if (b.mode == ForwardMode::kExtend) n = b.batch_size;
+  if (b.mode == ForwardMode::kMixed) n = step.num_prefill;
+  int32_t out = 0;
+  for (int i = 0; i < n && i < static_cast<int>(b.extend_prefix_lens.size()); ++i) {
+    out = std::max(out, b.extend_prefix_lens[static_cast<std::size_t>(i)]);
+  }
+  return out;
 }
 
 void add_stats(PlanningStats& into, const PlanningStats& s) {
@@ -87,7 +98,8 @@ class Simulation {
   std::unique_ptr<sim::Scheduler> scheduler_;
   std::set<int> captured_;
   std::vector<double> plan_ns_;
-  std::set<int> checked_kinds_;  // (mode, has a cached prefix) pairs checked so far
+  std::set<std::string> checked_kinds_, present_kinds_;
+  int sampled_checks_ = 0;
   int graph_max_bs_ = 0;
 };
 
@@ -170,7 +182,8 @@ Status Simulation::setup() {
   }
   const int64_t max_tokens = std::max<int64_t>(
       c_.scheduler.max_batch_tokens, static_cast<int64_t>(graph_max_bs_) * q);
-  MLA_ASSIGN_OR_RETURN(layer_, SimLayer::create(model_, c_.device, pc.num_layers, max_tokens,
+  MLA_ASSIGN_OR_RETURN(layer_, SimLayer::create(model_, c_.device, pc.num_layers,
+                                                pool_->num_slots(), max_tokens,
                                                 c_.workload.seed ^ 0x5eed));
   return Status::Ok();
 }
@@ -210,24 +223,72 @@ Status Simulation::run_step(const sim::Step& step) {
   const bool on_draft = batch.mode == ForwardMode::kDraftExtend;
   AttentionBackend& be = on_draft ? *draft_ : *target_;
   double check_seconds = 0.0;
-  const bool want_check =
-      c_.check && static_cast<int>(report_.checks.size()) < c_.check_steps &&
-      SimLayer::check_cost(batch, model_.num_heads) <= kMaxCheckCost &&
-      (!checked_kinds_.count(check_kind(batch)) || step.index % 5 == 0);
+  std::string reason;
+  const std::string kind = check_kind(batch);
+  if (c_.check) {
+    present_kinds_.insert(kind);
+    if (!checked_kinds_.count(kind)) {
+      reason = "first " + kind;
+    } else if (prefill_prefix(step) > 0) {
+      reason = "extend with a prefix";
+    } else if (step.index % 5 == 0 && sampled_checks_ < c_.check_steps) {
+      reason = "sampled";
+      ++sampled_checks_;
+    }
+    CheckSummary& cs = report_.check_summary;
+    ++cs.steps;
+    if (reason.empty()) {
+      ++cs.steps_skipped[sampled_checks_ >= c_.check_steps
+                             ? "kind already checked, no prefix extend, --check-steps used up"
+                             : "kind already checked, no prefix extend, not every 5th step"];
+    }
+  }
+  const bool want_check = !reason.empty();
 
   auto run_layers = [&](AttentionBackend& backend, int first, int count, bool target) -> Status {
     MLA_ASSIGN_OR_RETURN(const int64_t rows, plan(backend, batch, target));
     for (int l = first; l < first + count; ++l) {
-      MLA_RETURN_IF_ERROR(layer_->forward(backend, l, rows));
+      MLA_RETURN_IF_ERROR(layer_->forward(backend, batch, l, rows));
       if (l == first && want_check) {
         const auto c0 = Clock::now();
-        MLA_ASSIGN_OR_RETURN(const double err, layer_->check(backend, batch, l));
+        MLA_ASSIGN_OR_RETURN(const SimLayer::CheckResult r,
+                             layer_->check(backend, batch, l, c_.check_budget));
         check_seconds += seconds_since(c0);
-        report_.checks.push_back(CheckedStep{step.index, std::string(forward_mode_name(batch.mode)),
-                                             batch.batch_size, batch.num_tokens(), err});
-        report_.max_rel_err = std::max(report_.max_rel_err, err);
-        if (!(err <= c_.check_tolerance)) report_.check_passed = false;
-        checked_kinds_.insert(check_kind(batch));
+        CheckedStep cs;
+        cs.step = step.index;
+        cs.mode = std::string(forward_mode_name(batch.mode));
+        cs.reason = reason;
+        cs.batch_size = batch.batch_size;
+        cs.tokens = batch.num_tokens();
+        for (int32_t p : batch.extend_prefix_lens) cs.max_prefix = std::max(cs.max_prefix, p);
+        cs.layer = l;
+        cs.requests_checked = r.entries_checked;
+        cs.rows_checked = r.rows_checked;
+        cs.heads_checked = r.heads_checked;
+        cs.kv_slots_checked = r.kv_slots_checked;
+        cs.kv_mismatches = r.kv_mismatches;
+        cs.kv_error = r.kv_error;
+        cs.rel_err = r.max_rel_err;
+        if (r.worst_entry >= 0) {
+          cs.worst_request = step.request_ids[static_cast<std::size_t>(r.worst_entry)];
+          cs.worst_row = r.worst_row;
+        }
+        cs.passed = r.max_rel_err <= c_.check_tolerance && r.kv_mismatches == 0;
+        CheckSummary& sum = report_.check_summary;
+        if (report_.checks.empty() || report_.checks.back().step != step.index) {
+          ++sum.steps_checked;
+        }
+        sum.requests_checked += r.entries_checked;
+        sum.rows += r.rows;
+        sum.rows_checked += r.rows_checked;
+        sum.rows_sampled_out += r.rows - r.rows_checked;
+        if (r.heads_checked < model_.num_heads) ++sum.steps_with_sampled_heads;
+        sum.kv_slots_checked += r.kv_slots_checked;
+        sum.kv_mismatches += r.kv_mismatches;
+        report_.max_rel_err = std::max(report_.max_rel_err, r.max_rel_err);
+        if (!cs.passed) report_.check_passed = false;
+        report_.checks.push_back(std::move(cs));
+        checked_kinds_.insert(kind);
       }
     }
     return Status::Ok();
@@ -286,7 +347,15 @@ StatusOr<RunReport> Simulation::run() {
   report_.workspaces = ledger_json(live, /*skip_kv_pool=*/true);
   MLA_RETURN_IF_ERROR(scheduler_->release_all());
   report_.wall_seconds = seconds_since(t0);
-  if (c_.check && report_.checks.empty()) report_.check_passed = false;
+  if (c_.check) {
+    CheckSummary& sum = report_.check_summary;
+    sum.kinds_present.assign(present_kinds_.begin(), present_kinds_.end());
+    sum.kinds_checked.assign(checked_kinds_.begin(), checked_kinds_.end());
+    // Every kind present must have been checked; a run that checked nothing fails.
+    if (report_.checks.empty() || sum.kinds_checked != sum.kinds_present) {
+      report_.check_passed = false;
+    }
+  }
   return report_;
 }
 
