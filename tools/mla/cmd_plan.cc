@@ -15,6 +15,8 @@
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
+#include "backends/backend_base.h"
+#include "mla/ops.h"
 #include "planning/chunked_prefix.h"
 
 namespace mla::cli {
@@ -34,6 +36,7 @@ struct PlanOptions {
   int draft_tokens = 2;
   int page_size = 64;
   int64_t chunk_capacity = 131072;
+  int64_t chunk_kv_budget_mib = 512;
   bool disable_chunked_prefix_cache = false;
   bool piecewise_graph = false;
   bool json_out = false;
@@ -123,6 +126,7 @@ int run_plan(const PlanOptions& o) {
   ctx.options.disable_chunked_prefix_cache = o.disable_chunked_prefix_cache;
   ctx.options.piecewise_cuda_graph = o.piecewise_graph;
   ctx.options.chunked_prefix_capacity = o.chunk_capacity;
+  ctx.options.mha_chunk_kv_budget_bytes = static_cast<std::size_t>(o.chunk_kv_budget_mib) << 20;
   ctx.options.max_batch = std::max(o.batch_size, 1);
   ctx.options.max_q_len = std::max(o.draft_tokens, 1);
   auto backend = BackendRegistry::global().create(o.backend, ctx);
@@ -145,7 +149,10 @@ int run_plan(const PlanOptions& o) {
                        {"fallbacks", st.fallbacks}, {"plan_ns", st.plan_ns_total}}}};
   if (be.forward_method() == ForwardMethod::kMhaChunked) {
     planning::ChunkedPrefixPlan plan;
-    if (Status s = planning::plan_chunked_prefix(batch.extend_prefix_lens, o.chunk_capacity, &plan);
+    // The capacity the backend planned with: --chunk-capacity, capped by the chunk budget.
+    const int64_t capacity = backends::BackendBase::chunk_capacity(
+        ctx.options, OpRegistry::global().default_for(device->type));
+    if (Status s = planning::plan_chunked_prefix(batch.extend_prefix_lens, capacity, &plan);
         !s.ok()) {
       return fail(s);
     }
@@ -235,6 +242,10 @@ CLI::App* add_plan_command(CLI::App& app, CommandRunner* runner) {
                   "Chunked prefix cache: tokens per chunk across the batch")
       ->capture_default_str()
       ->transform(integer_in(1, kMaxLen * 4096));
+  sub->add_option("--chunk-kv-budget-mib", o->chunk_kv_budget_mib,
+                  "Budget of the up-projected prefix rows one MHA pass holds (caps the capacity)")
+      ->capture_default_str()
+      ->transform(integer_in(1, int64_t{1} << 20));
   sub->add_flag("--disable-chunked-prefix-cache", o->disable_chunked_prefix_cache,
                 "Disable the chunked prefix cache (chunked_mla falls back with a prefix)");
   sub->add_flag("--piecewise-graph", o->piecewise_graph, "Piecewise-graph mode");

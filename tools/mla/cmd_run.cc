@@ -69,6 +69,12 @@ json check_json(const RunReport& r, const RunConfig& c) {
           {"checks", steps}};
 }
 
+json peak_json(const RunReport& r) {
+  std::size_t total = 0;
+  for (const auto& [name, bytes] : r.peak_bytes) total += bytes;
+  return {{"total", total}, {"by_buffer", r.peak_bytes}};
+}
+
 json report_json(const RunReport& r, const RunConfig& c) {
   json tokens = json::object(), seconds = json::object(), batches = json::object(),
        tok_s = json::object();
@@ -96,6 +102,8 @@ json report_json(const RunReport& r, const RunConfig& c) {
          {"batches", batches},
          {"tokens_per_second", tok_s},
          {"workspaces", r.workspaces},
+         {"peak_bytes_outside_pool", peak_json(r)},
+         {"chunk_kv_budget_bytes", static_cast<std::size_t>(c.chunk_kv_budget_mib) << 20},
          {"kv_pool_bytes", r.pool_bytes},
          {"planning",
           {{"init_forward_metadata_calls", r.planning.init_forward_metadata_calls},
@@ -162,6 +170,10 @@ void print_report(const RunReport& r, const RunConfig& c) {
   fmt::print("\n\nworkspace bytes outside the KV pool ({} in the pool):\n",
              human_bytes(r.pool_bytes));
   print_ledger_table(r.workspaces, "  ");
+  std::size_t peak = 0;
+  for (const auto& [name, bytes] : r.peak_bytes) peak += bytes;
+  fmt::print("peak outside the pool: {} (mha_chunk_kv budget {} MiB)\n", human_bytes(peak),
+             c.chunk_kv_budget_mib);
   if (r.checked) {
     const CheckSummary& cs = r.check_summary;
     fmt::print("\ncheck: {} of {} steps against the double-precision reference: {} request "
@@ -270,6 +282,11 @@ CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
   sub->add_option("--max-context-len", c.max_context_len, "Longest request (tokens)")
       ->capture_default_str()
       ->transform(integer_in(1, kMaxContextLen));
+  sub->add_option("--chunk-kv-budget-mib", c.chunk_kv_budget_mib,
+                  "Budget of the up-projected prefix rows one MHA pass holds (the backend's "
+                  "mha_chunk_kv buffer); longer prefixes take more chunks")
+      ->capture_default_str()
+      ->transform(integer_in(1, int64_t{1} << 20));
   sub->add_flag("--no-mixed", f->no_mixed, "No MIXED batches (prefill and decode apart)");
   sub->add_flag("--disable-chunked-prefix-cache", c.disable_chunked_prefix_cache,
                 "Backend option: no chunked prefix cache (chunked_mla falls back with a prefix)");

@@ -99,6 +99,7 @@ class Simulation {
   std::set<int> captured_;
   std::vector<double> plan_ns_;
   std::set<std::string> checked_kinds_, present_kinds_;
+  void record_peaks();
   int sampled_checks_ = 0;
   int graph_max_bs_ = 0;
 };
@@ -169,6 +170,7 @@ Status Simulation::setup() {
   ctx.options.piecewise_cuda_graph = c_.piecewise_graph;
   ctx.options.max_batch = c_.scheduler.max_running_requests;
   ctx.options.max_q_len = std::max(c_.scheduler.speculative_tokens, 1);
+  ctx.options.mha_chunk_kv_budget_bytes = static_cast<std::size_t>(c_.chunk_kv_budget_mib) << 20;
   MLA_ASSIGN_OR_RETURN(target_, BackendRegistry::global().create(c_.backend, ctx));
   if (speculative) {
     MLA_ASSIGN_OR_RETURN(draft_, BackendRegistry::global().create(c_.backend, ctx));
@@ -310,6 +312,19 @@ Status Simulation::run_step(const sim::Step& step) {
   return Status::Ok();
 }
 
+// Backend buffers and workspaces on the run's device, outside the KV pool (not the simulation's
+// activations and weights): their largest size so far, per buffer.
+void Simulation::record_peaks() {
+  for (const AllocationRecord& r : MemoryLedger::global().snapshot()) {
+    if (r.device != c_.device || r.owner.rfind("sim", 0) == 0 || r.owner == "activations" ||
+        r.owner.rfind("kv_pool", 0) == 0) {
+      continue;
+    }
+    std::size_t& peak = report_.peak_bytes[r.name];
+    peak = std::max(peak, r.bytes);
+  }
+}
+
 StatusOr<RunReport> Simulation::run() {
   const auto t0 = Clock::now();
   MLA_RETURN_IF_ERROR(setup());
@@ -322,6 +337,7 @@ StatusOr<RunReport> Simulation::run() {
   while (!scheduler_->done()) {
     MLA_ASSIGN_OR_RETURN(sim::Step step, scheduler_->next_step());
     MLA_RETURN_IF_ERROR(run_step(step));
+    record_peaks();
     MLA_RETURN_IF_ERROR(scheduler_->complete_step(step));
     progress.update(scheduler_->stats().finished,
                     fmt::format("step {} {} bs {}", step.index, forward_mode_name(step.batch.mode),

@@ -26,6 +26,7 @@ struct RunConfig {
   int page_size = 64;
   int64_t pool_tokens = 65536;
   int max_context_len = 4096;
+  int64_t chunk_kv_budget_mib = 512;  // BackendOptions::mha_chunk_kv_budget_bytes, in MiB
   sim::WorkloadConfig workload;      // num_requests and seed set from the command line
   sim::SchedulerConfig scheduler;    // speculative_tokens etc.
   std::string trace;                 // "" = the embedded workload
@@ -88,6 +89,7 @@ struct RunReport {
   double wall_seconds = 0.0;
   std::map<std::string, ModeTotals> modes;  // by forward_mode_name
   nlohmann::json workspaces;                // ledger records outside the KV pool, at the end
+  std::map<std::string, std::size_t> peak_bytes;  // per buffer outside the pool, max over steps
   std::size_t pool_bytes = 0;
   PlanningStats planning;                   // target backend (plus the draft backend's counts)
   double median_plan_ns = 0.0;              // over every planned batch (our own timing)
