@@ -85,7 +85,34 @@ json report_json(const RunReport& r, const RunConfig& c) {
     tok_s[mode] = m.seconds > 0 ? static_cast<double>(m.tokens) / m.seconds : 0.0;
   }
   const auto& s = r.scheduler;
-  json j{{"backend", r.backend},
+  const sim::WorkloadConfig& w = c.workload;
+  // Everything needed to reproduce the run: version, commit, seed, workload and limits.
+  json reproduce{{"version", kVersion},
+                 {"commit", git_commit()},
+                 {"seed", w.seed},
+                 {"trace", c.trace},
+                 {"limits",
+                  {{"max_running", c.scheduler.max_running_requests},
+                   {"max_batch_tokens", c.scheduler.max_batch_tokens},
+                   {"pool_tokens", c.pool_tokens},
+                   {"max_context_len", c.max_context_len},
+                   {"page_size", c.page_size},
+                   {"mixed", c.scheduler.enable_mixed},
+                   {"max_prefix_entries", c.scheduler.max_prefix_entries},
+                   {"chunk_kv_budget_mib", c.chunk_kv_budget_mib}}}};
+  if (c.trace.empty()) {
+    reproduce["workload_parameters"] = {
+        {"num_requests", w.num_requests},     {"arrival_rate", w.arrival_rate},
+        {"initial_burst", w.initial_burst},   {"prompt_median", w.prompt_median},
+        {"prompt_sigma", w.prompt_sigma},     {"prompt_min", w.prompt_min},
+        {"prompt_max", w.prompt_max},         {"prefix_hit_prob", w.prefix_hit_prob},
+        {"prefix_groups", w.prefix_groups},   {"prefix_len_min", w.prefix_len_min},
+        {"prefix_len_max", w.prefix_len_max}, {"output_median", w.output_median},
+        {"output_sigma", w.output_sigma},     {"output_min", w.output_min},
+        {"output_max", w.output_max}};
+  }
+  json j{{"reproduce", reproduce},
+         {"backend", r.backend},
          {"device", r.device},
          {"model", r.model},
          {"layers", r.layers},

@@ -333,15 +333,31 @@ StatusOr<RunReport> Simulation::run() {
   report_.model = c_.model;
   report_.layers = c_.layers;
   report_.checked = c_.check;
-  Progress progress("mla run", static_cast<int64_t>(scheduler_->requests().size()), c_.progress);
+  // Progress in tokens (prompt + output of every request), so one long request moves the bar.
+  int64_t total_tokens = 0;
+  for (const sim::RequestSpec& r : scheduler_->requests()) {
+    total_tokens += static_cast<int64_t>(r.prompt_len) + r.output_len;
+  }
+  Progress progress("mla run", total_tokens, c_.progress);
+  int64_t prefill_tokens = 0;
   while (!scheduler_->done()) {
     MLA_ASSIGN_OR_RETURN(sim::Step step, scheduler_->next_step());
     MLA_RETURN_IF_ERROR(run_step(step));
     record_peaks();
     MLA_RETURN_IF_ERROR(scheduler_->complete_step(step));
-    progress.update(scheduler_->stats().finished,
-                    fmt::format("step {} {} bs {}", step.index, forward_mode_name(step.batch.mode),
-                                step.batch.batch_size));
+    const ForwardBatch& b = step.batch;
+    if (b.mode == ForwardMode::kExtend || b.mode == ForwardMode::kMixed) {
+      const int n = b.mode == ForwardMode::kExtend ? b.batch_size : step.num_prefill;
+      for (int i = 0; i < n; ++i) prefill_tokens += b.extend_seq_lens[static_cast<std::size_t>(i)];
+    }
+    int64_t generated = 0;
+    for (int32_t g : scheduler_->generated()) generated += g;
+    progress.update(prefill_tokens + generated,
+                    fmt::format("step {}, {} prompt + {} output tokens, {}/{} requests done, {} "
+                                "bs {}",
+                                step.index, prefill_tokens, generated, scheduler_->stats().finished,
+                                scheduler_->requests().size(), forward_mode_name(b.mode),
+                                b.batch_size));
   }
   progress.finish();
   report_.steps = scheduler_->stats().steps;
