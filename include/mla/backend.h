@@ -33,7 +33,13 @@ struct BackendOptions {
   std::string op_set;  // "" = the device's default op set
   bool disable_chunked_prefix_cache = false;
   bool piecewise_cuda_graph = false;         // piecewise-graph mode (absorbed for all extends)
-  int64_t chunked_prefix_capacity = 131072;  // tokens per chunk across the batch
+  int64_t chunked_prefix_capacity = 131072;  // tokens per chunk across the batch (at most)
+  // Bytes of up-projected prefix rows (k [N, H, 192], v [N, H, 128] bf16, plus the up-projection
+  // scratch) one MHA pass may hold: the effective chunk capacity is the largest N that fits, so
+  // the "<backend>.mha_chunk_kv" buffer cannot grow past it with the prefix (a paged_mla one-shot
+  // pass is chunked instead beyond it). The buffer also holds 4 bytes per prefix token (slot
+  // list) and H * 260 bytes per new token of the batch (chunk partial outputs).
+  std::size_t mha_chunk_kv_budget_bytes = std::size_t{512} << 20;
   int64_t mha_prefix_threshold = 8192;       // paged_mla: sum(prefix) at which MHA is used
   // 0 = from the environment (MLA_PAGED_WORKSPACE_BYTES / MLA_CHUNKED_WORKSPACE_BYTES) or default.
   std::size_t paged_workspace_bytes = 0;

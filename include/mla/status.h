@@ -27,11 +27,17 @@ class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  // A failed MLA_CHECK_ARG / MLA_CHECK_CODE: the message is the sentence users read; the
+  // condition's source text is kept apart for developers (failed_check()).
+  Status(StatusCode code, std::string message, std::string failed_check)
+      : code_(code), message_(std::move(message)), failed_check_(std::move(failed_check)) {}
 
   static Status Ok() { return {}; }
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The source text of the check that failed ("seq >= prefix"); empty when not from a check.
+  const std::string& failed_check() const { return failed_check_; }
   // "InvalidArgument: seq_lens[2] = 3 is below extend_prefix_lens[2] = 5"
   std::string to_string() const;
   // Explicitly discard (for paths where an error cannot be acted on, e.g. destructors).
@@ -40,6 +46,7 @@ class [[nodiscard]] Status {
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  std::string failed_check_;
 };
 
 template <typename... Args>
@@ -109,13 +116,12 @@ template <typename... Args>
 [[gnu::cold, gnu::noinline]] Status check_failed(StatusCode code, const char* cond,
                                                  fmt::format_string<Args...> format,
                                                  Args&&... args) {
-  return Status(code, fmt::format(format, std::forward<Args>(args)...) + " (check failed: " +
-                          cond + ")");
+  return Status(code, fmt::format(format, std::forward<Args>(args)...), cond);
 }
 }  // namespace mla::detail
 
-// Argument check: the message carries the condition text and the caller's formatted values,
-// so the message and the check cannot drift apart.
+// Argument check: the message is the caller's sentence with its formatted values; the
+// condition's text travels with the Status (Status::failed_check()) for developers.
 //   MLA_CHECK_ARG(seq >= prefix, "seq_lens[{}] = {} < extend_prefix_lens[{}] = {}", i, seq, i, p);
 #define MLA_CHECK_ARG(cond, ...)                                                               \
   do {                                                                                         \

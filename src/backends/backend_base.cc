@@ -24,7 +24,39 @@ BackendBase::BackendBase(std::string name, const BackendContext& ctx, const OpSe
       mha_chunk_plan_(name_ + ".mha_chunk_plan", name_, ctx.options.device),
       indices_(name_ + ".out_cache_loc", name_, ctx.options.device),
       mha_chunk_kv_(name_ + ".mha_chunk_kv", name_, ctx.options.device),
-      lse_(name_ + ".lse", name_, ctx.options.device) {}
+      lse_(name_ + ".lse", name_, ctx.options.device) {
+  // Every planning decision sees the capacity the budget allows (SYSTEM.md 6, issue 14).
+  options_.chunked_prefix_capacity = std::max<int64_t>(chunk_capacity(ctx.options, ops), 1);
+}
+
+std::size_t BackendBase::chunk_rows_bytes(int64_t rows, int num_heads, const OpSet* ops,
+                                          bool with_slots) {
+  const auto H = static_cast<std::size_t>(num_heads);
+  const auto n = static_cast<std::size_t>(rows);
+  const std::size_t up =
+      ops != nullptr && ops->up_project ? ops->up_project->workspace_bytes(rows, num_heads) : 0;
+  return (with_slots ? align_workspace(n * 4) : 0) + align_workspace(n * H * 192 * 2) +
+         align_workspace(n * H * 128 * 2) + align_workspace(up);
+}
+
+int64_t BackendBase::rows_within(std::size_t budget, int64_t max_rows, int num_heads,
+                                 const OpSet* ops, bool with_slots) {
+  int64_t lo = 0, hi = std::max<int64_t>(max_rows, 0);
+  while (lo < hi) {  // the most rows whose bytes fit the budget
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (chunk_rows_bytes(mid, num_heads, ops, with_slots) <= budget) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+int64_t BackendBase::chunk_capacity(const BackendOptions& o, const OpSet* ops) {
+  return rows_within(o.mha_chunk_kv_budget_bytes, o.chunked_prefix_capacity, o.model.num_heads,
+                     ops, /*with_slots=*/true);
+}
 
 StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::string_view who) {
   const BackendOptions& o = ctx.options;
@@ -49,6 +81,12 @@ StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::
   }
   MLA_CHECK_ARG(ops->device == o.device.type, "{}: op set '{}' is not for device {}", who,
                 ops->name, o.device.to_string());
+  const int64_t rows = rows_within(o.mha_chunk_kv_budget_bytes, o.max_batch, o.model.num_heads,
+                                   ops, /*with_slots=*/true);
+  MLA_CHECK_ARG(rows >= o.max_batch,
+                "{}: options.mha_chunk_kv_budget_bytes = {} holds {} up-projected rows of {} "
+                "heads, fewer than max_batch = {} (a prefix chunk needs a row per request)",
+                who, o.mha_chunk_kv_budget_bytes, rows, o.model.num_heads, o.max_batch);
   return ops;
 }
 
@@ -252,8 +290,28 @@ Status BackendBase::plan_mha_chunks() {
   const MhaAttentionOp* op = ops_->mha.get();
   if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
   const KvPoolConfig& pc = pool_->config();
-  MLA_RETURN_IF_ERROR(planning::plan_chunked_prefix(host_.prefix_lens,
-                                                    options_.chunked_prefix_capacity, &chunks_));
+  // This batch's chunk capacity: the rows the mha_chunk_kv budget leaves after the slot list
+  // and the per-new-token partials (layout_chunk_scratch carves all of them from that buffer).
+  const int H = options_.model.num_heads;
+  int64_t prefix_total = 0;
+  for (int32_t p : host_.prefix_lens) prefix_total += p;
+  const auto T = static_cast<std::size_t>(num_tokens_);
+  const std::size_t fixed = align_workspace(static_cast<std::size_t>(prefix_total) * 4) +
+                            align_workspace(T * static_cast<std::size_t>(H) * 128 * 2) +
+                            align_workspace(T * static_cast<std::size_t>(H) * 4);
+  const std::size_t budget = options_.mha_chunk_kv_budget_bytes;
+  const int64_t capacity =
+      fixed < budget ? rows_within(budget - fixed, options_.chunked_prefix_capacity, H, ops_,
+                                   /*with_slots=*/false)
+                     : 0;
+  if (capacity < batch_size_) {
+    return make_status(StatusCode::kOutOfWorkspace,
+                       "{}: {} new tokens and {} prefix tokens leave room for {} up-projected "
+                       "rows in the mha_chunk_kv budget of {} bytes, fewer than the {} requests "
+                       "of the batch (raise BackendOptions::mha_chunk_kv_budget_bytes)",
+                       name_, num_tokens_, prefix_total, capacity, budget, batch_size_);
+  }
+  MLA_RETURN_IF_ERROR(planning::plan_chunked_prefix(host_.prefix_lens, capacity, &chunks_));
   MLA_RETURN_IF_ERROR(planning::fill_chunk_kv_indices(
       host_.req_rows, pool_->req_to_token_host(), pc.max_context_len, pc.page_size, &chunks_));
   const int C = chunks_.num_chunks;

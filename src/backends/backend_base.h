@@ -29,6 +29,16 @@ struct WorkspaceView {
 
 class BackendBase : public AttentionBackend {
  public:
+  // Up-projected rows per MHA pass: the largest N <= options.chunked_prefix_capacity whose k, v,
+  // up-projection scratch and slot list fit options.mha_chunk_kv_budget_bytes (0 when not even
+  // one does). A chunked batch gets fewer: what its slot list and per-new-token partials leave.
+  static int64_t chunk_capacity(const BackendOptions& options, const OpSet* ops);
+  // Bytes of `rows` up-projected rows in mha_chunk_kv: k, v, up-projection scratch (+ slots).
+  static std::size_t chunk_rows_bytes(int64_t rows, int num_heads, const OpSet* ops,
+                                      bool with_slots);
+  static int64_t rows_within(std::size_t budget, int64_t max_rows, int num_heads,
+                             const OpSet* ops, bool with_slots);
+
   std::string_view name() const override { return name_; }
   const BackendOptions& options() const override { return options_; }
   ForwardMethod forward_method() const override { return method_; }

@@ -2,6 +2,8 @@
 // human-readable sizes, a progress bar.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,10 @@
 namespace mla::cli {
 
 inline constexpr const char* kVersion = "0.1.0";
+// The git commit the build was configured at ("unknown" outside a git checkout).
+const char* git_commit();
+// "mla 0.1.0 (commit abc1234)"
+std::string version_string();
 
 std::string compiler_string();  // "g++ 12.2.0"
 bool built_with_cuda();
@@ -25,6 +31,19 @@ bool built_with_cuda();
 StatusOr<Device> parse_device(std::string_view text);
 // The devices `mla check` / `mla run` consider: "" = every device type, else the one named.
 std::vector<Device> all_devices();
+
+// Flag validators. CLI11 runs them on the text the user wrote, before converting it, so every
+// value is checked as written (no wrap-around, no octal "010", no silent clamp) and rewritten to
+// its canonical decimal form (attach the integer ones with ->transform(), which keeps the
+// rewrite; ->check() would discard it); an error names the flag (CLI11 prefixes it) and quotes
+// the text.
+CLI::Validator integer_in(int64_t lo, int64_t hi);        // a base-10 integer in lo..hi
+CLI::Validator unsigned_integer();                         // a base-10 integer in 0..2^64-1
+CLI::Validator integer_one_of(std::vector<int64_t> allowed);
+CLI::Validator positive_finite();                          // a finite number > 0
+CLI::Validator device_name();                              // cpu, cuda, cuda:N
+CLI::Validator word_in(std::vector<std::string> allowed);  // one of these words
+CLI::Validator words_in(std::vector<std::string> allowed); // comma list of these words
 
 // Prints "mla: <status>" on stderr and returns 1.
 int fail(const Status& status);

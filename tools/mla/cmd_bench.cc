@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "common/case_gen.h"
 #include "mla/memory.h"
@@ -295,12 +296,14 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
 
 int run_bench(const BenchOptions& opt) {
   if (opt.device != "cuda") {
-    std::fprintf(stderr, "mla bench: only --device cuda is timed here (host planning benchmarks "
-                         "are the Google Benchmark executable in bench/)\n");
+    std::fprintf(stderr, "mla bench: --device %s: only --device cuda is timed here (host "
+                         "planning benchmarks are the Google Benchmark executable in bench/)\n",
+                 opt.device.c_str());
     return 2;
   }
 #ifndef MLA_WITH_CUDA
-  std::fprintf(stderr, "mla bench: built without CUDA (configure with -DMLA_CUDA=ON)\n");
+  std::fprintf(stderr, "mla bench: --device cuda: this build has no CUDA (configure with "
+                       "-DMLA_CUDA=ON)\n");
   return 2;
 #else
   if (!device_available(Device::cuda())) {
@@ -351,17 +354,22 @@ int run_bench(const BenchOptions& opt) {
 CLI::App* add_bench_command(CLI::App& app, CommandRunner* runner) {
   auto opt = std::make_shared<BenchOptions>();
   CLI::App* sub = app.add_subcommand("bench", "Time the GPU ops (decode grid, prefill, extend)");
-  sub->add_option("--device", opt->device, "Device to time (cuda)")->capture_default_str();
+  sub->add_option("--device", opt->device, "Device to time (cuda)")
+      ->capture_default_str()
+      ->check(device_name());
   sub->add_flag("--json", opt->json, "Print one JSON object per result instead of the table");
   sub->add_flag("--quick", opt->quick, "A few anchor shapes only");
   sub->add_option("--out", opt->out, "Append the JSON results to this file (JSON lines)");
   sub->add_option("--iters", opt->iters, "Timed runs per shape (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  sub->add_option("--ops", opt->ops, "Which ops: decode,prefill,extend")->capture_default_str();
+  sub->add_option("--ops", opt->ops, "Which ops: decode,prefill,extend")
+      ->capture_default_str()
+      ->check(words_in({"decode", "prefill", "extend"}));
   sub->add_option("--cache-dtype", opt->cache_dtype,
                   "Decode latent cache dtype(s): bf16, fp8 or bf16,fp8")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(words_in({"bf16", "fp8"}));
   sub->callback([runner, opt] { *runner = [opt] { return run_bench(*opt); }; });
   return sub;
 }

@@ -34,6 +34,14 @@ int run_check(const CheckOptions& o) {
   } else {
     auto d = parse_device(o.device);
     if (!d.ok()) return fail(d.status());
+    // A device asked for by name is checked or the command fails: it never passes unchecked.
+    if (!device_available(*d)) {
+      return fail(make_status(StatusCode::kUnsupported, "--device {}: {}; nothing was checked",
+                              d->to_string(),
+                              d->is_cuda() && !built_with_cuda()
+                                  ? "this build has no CUDA (configure with -DMLA_CUDA=ON)"
+                                  : "the device is not present"));
+    }
     devices.push_back(*d);
   }
   const auto scope = o.full ? testing::ConformanceScope::kFull : testing::ConformanceScope::kQuick;
@@ -41,10 +49,16 @@ int run_check(const CheckOptions& o) {
   for (auto& c : testing::conformance_cases(scope)) {
     if (o.filter.empty() || c.name.find(o.filter) != std::string::npos) cases.push_back(c);
   }
+  if (cases.empty()) {
+    return fail(invalid_argument("--filter \"{}\" matches none of the {} {} cases; nothing was "
+                                 "checked",
+                                 o.filter, testing::conformance_cases(scope).size(),
+                                 o.full ? "full" : "quick"));
+  }
 
   json out{{"scope", o.full ? "full" : "quick"}, {"filter", o.filter},
            {"seed", testing::base_seed()}, {"devices", json::array()}};
-  int64_t failed_total = 0;
+  int64_t failed_total = 0, run_total = 0;
   for (const Device& dev : devices) {
     json dj{{"device", dev.to_string()}, {"op_sets", json::array()}};
     if (!device_available(dev)) {
@@ -91,6 +105,7 @@ int run_check(const CheckOptions& o) {
       sj["failed"] = fail_n;
       sj["skipped"] = skip;
       failed_total += fail_n;
+      run_total += pass + fail_n;
       if (!o.json_out) {
         fmt::print("{} / op set '{}': {} cases, {} passed, {} failed, {} skipped\n",
                    dev.to_string(), set->name, cases.size(), pass, fail_n, skip);
@@ -105,10 +120,16 @@ int run_check(const CheckOptions& o) {
     out["devices"].push_back(std::move(dj));
   }
   out["failed"] = failed_total;
+  out["run"] = run_total;
   if (o.json_out) {
     std::printf("%s\n", out.dump(2).c_str());
-  } else {
+  } else if (run_total > 0) {
     fmt::print("{}\n", failed_total == 0 ? "OK" : fmt::format("FAILED: {} case(s)", failed_total));
+  }
+  if (run_total == 0) {
+    return fail(make_status(StatusCode::kUnsupported,
+                            "no case ran (every case was skipped on every device); nothing was "
+                            "checked"));
   }
   return failed_total == 0 ? 0 : 1;
 }
@@ -120,7 +141,8 @@ CLI::App* add_check_command(CLI::App& app, CommandRunner* runner) {
   CLI::App* sub = app.add_subcommand(
       "check", "Run the conformance cases of every op set against the double-precision reference");
   sub->add_option("--device", opts->device,
-                  "Only this device (cpu, cuda, cuda:N); default: every device");
+                  "Only this device (cpu, cuda, cuda:N); default: every device")
+      ->check(device_name());
   sub->add_flag("--full", opts->full,
                 "Every mode x page size x head count x edge case (about a minute per device)");
   sub->add_option("--filter", opts->filter, "Only cases whose name contains this substring");

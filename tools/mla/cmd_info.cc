@@ -111,6 +111,13 @@ json backend_memory(const std::string& name, Device device) {
   for (const auto& a : j["allocations"]) total += a["bytes"].get<std::size_t>();
   j["total_bytes"] = total;
   j["within_budget"] = total <= kReportBudgetBytes;
+  // The worst case once extends run: the up-projected chunk buffer ("<backend>.mha_chunk_kv",
+  // planned per batch) is at most BackendOptions::mha_chunk_kv_budget_bytes by construction,
+  // slot list and per-new-token partials included.
+  const std::size_t chunk_budget = ctx.options.mha_chunk_kv_budget_bytes;
+  j["mha_chunk_kv_budget_bytes"] = chunk_budget;
+  j["worst_case_bytes"] = total + chunk_budget;
+  j["worst_case_within"] = total + chunk_budget <= kReportBudgetBytes + chunk_budget;
   return j;
 }
 
@@ -204,6 +211,10 @@ int run_info(const InfoOptions& o) {
       fmt::print("  {}: {} in {} allocations{}\n", name,
                  human_bytes(be["total_bytes"].get<std::size_t>()), be["allocations"].size(),
                  be["within_budget"].get<bool>() ? "" : "  OVER BUDGET");
+      fmt::print("    worst case with extends: {} (+ mha_chunk_kv at most {}){}\n",
+                 human_bytes(be["worst_case_bytes"].get<std::size_t>()),
+                 human_bytes(be["mha_chunk_kv_budget_bytes"].get<std::size_t>()),
+                 be["worst_case_within"].get<bool>() ? "" : "  OVER 64 MiB + chunk budget");
       print_ledger_table(be["allocations"], "    ");
     }
   }
@@ -219,7 +230,8 @@ CLI::App* add_info_command(CLI::App& app, CommandRunner* runner) {
               "memory each backend allocates outside the KV pool");
   sub->add_option("--device", opts->device,
                   "Report per-backend device memory for DeepSeek-V3 (128 heads), graph state for "
-                  "batch 256, q_len 2 on this device (cpu, cuda, cuda:N)");
+                  "batch 256, q_len 2 on this device (cpu, cuda, cuda:N)")
+      ->check(device_name());
   sub->add_flag("--json", opts->json_out, "Print one JSON object");
   sub->callback([runner, opts] { *runner = [opts] { return run_info(*opts); }; });
   return sub;

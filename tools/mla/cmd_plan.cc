@@ -14,6 +14,9 @@
 #include "commands.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
+#include "mla/model.h"
+#include "backends/backend_base.h"
+#include "mla/ops.h"
 #include "planning/chunked_prefix.h"
 
 namespace mla::cli {
@@ -33,6 +36,7 @@ struct PlanOptions {
   int draft_tokens = 2;
   int page_size = 64;
   int64_t chunk_capacity = 131072;
+  int64_t chunk_kv_budget_mib = 512;
   bool disable_chunked_prefix_cache = false;
   bool piecewise_graph = false;
   bool json_out = false;
@@ -92,8 +96,9 @@ int run_plan(const PlanOptions& o) {
                                  o.batch_size, o.seq_len, o.draft_tokens));
   }
   if (!o.prefix_lens.empty() && static_cast<int>(o.prefix_lens.size()) != o.batch_size) {
-    return fail(invalid_argument("--prefix-lens has {} entries, --batch-size is {}",
-                                 o.prefix_lens.size(), o.batch_size));
+    return fail(invalid_argument("--prefix-lens {} has {} entries, --batch-size is {}",
+                                 fmt::join(o.prefix_lens, ","), o.prefix_lens.size(),
+                                 o.batch_size));
   }
   KvPoolConfig pc;
   pc.num_layers = 1;
@@ -105,7 +110,12 @@ int run_plan(const PlanOptions& o) {
   pc.latent_dim = model->latent_dim();
   pc.device = *device;
   auto pool = LatentKvPool::create(pc);
-  if (!pool.ok()) return fail(pool.status());
+  if (!pool.ok()) {
+    return fail(Status(pool.status().code(),
+                       fmt::format("the KV pool for --batch-size = {} requests of --seq-len = {} "
+                                   "tokens cannot be created: {}",
+                                   o.batch_size, o.seq_len, pool.status().message())));
+  }
   ForwardBatch batch;
   if (Status s = build_batch(o, **pool, &batch); !s.ok()) return fail(s);
 
@@ -116,6 +126,7 @@ int run_plan(const PlanOptions& o) {
   ctx.options.disable_chunked_prefix_cache = o.disable_chunked_prefix_cache;
   ctx.options.piecewise_cuda_graph = o.piecewise_graph;
   ctx.options.chunked_prefix_capacity = o.chunk_capacity;
+  ctx.options.mha_chunk_kv_budget_bytes = static_cast<std::size_t>(o.chunk_kv_budget_mib) << 20;
   ctx.options.max_batch = std::max(o.batch_size, 1);
   ctx.options.max_q_len = std::max(o.draft_tokens, 1);
   auto backend = BackendRegistry::global().create(o.backend, ctx);
@@ -138,7 +149,10 @@ int run_plan(const PlanOptions& o) {
                        {"fallbacks", st.fallbacks}, {"plan_ns", st.plan_ns_total}}}};
   if (be.forward_method() == ForwardMethod::kMhaChunked) {
     planning::ChunkedPrefixPlan plan;
-    if (Status s = planning::plan_chunked_prefix(batch.extend_prefix_lens, o.chunk_capacity, &plan);
+    // The capacity the backend planned with: --chunk-capacity, capped by the chunk budget.
+    const int64_t capacity = backends::BackendBase::chunk_capacity(
+        ctx.options, OpRegistry::global().default_for(device->type));
+    if (Status s = planning::plan_chunked_prefix(batch.extend_prefix_lens, capacity, &plan);
         !s.ok()) {
       return fail(s);
     }
@@ -191,26 +205,47 @@ CLI::App* add_plan_command(CLI::App& app, CommandRunner* runner) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Plan one synthetic batch with a backend and print its decisions (no attention)");
+  constexpr int64_t kMaxLen = int64_t{1} << 20;
   sub->add_option("--backend", o->backend, "paged_mla, chunked_mla or ondemand_mla")
-      ->capture_default_str();
-  sub->add_option("--device", o->device, "cpu, cuda, cuda:N")->capture_default_str();
-  sub->add_option("--model", o->model, "Model preset")->capture_default_str();
+      ->capture_default_str()
+      ->check(word_in(BackendRegistry::global().names()));
+  sub->add_option("--device", o->device, "cpu, cuda, cuda:N")
+      ->capture_default_str()
+      ->check(device_name());
+  sub->add_option("--model", o->model, "Model preset")
+      ->capture_default_str()
+      ->check(word_in(model_preset_names()));
   sub->add_option("--mode", o->mode, "decode, extend, mixed, verify, draft_extend")
-      ->capture_default_str();
-  sub->add_option("--batch-size", o->batch_size, "Requests")->capture_default_str();
+      ->capture_default_str()
+      ->check(word_in({"decode", "extend", "prefill", "mixed", "verify", "target_verify",
+                        "target-verify", "draft_extend", "draft-extend"}));
+  sub->add_option("--batch-size", o->batch_size, "Requests")
+      ->capture_default_str()
+      ->transform(integer_in(1, 4096));
   sub->add_option("--seq-len", o->seq_len,
                   "Tokens per request after the batch (verify: before the drafts)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxLen));
   sub->add_option("--prefix-len", o->prefix_len, "Cached prefix per request (extend-like modes)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(0, kMaxLen - 1));
   sub->add_option("--prefix-lens", o->prefix_lens, "Per-request cached prefixes (e.g. 16,32,48)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->transform(integer_in(0, kMaxLen - 1));
   sub->add_option("--draft-tokens", o->draft_tokens, "Verify: draft tokens per request")
-      ->capture_default_str();
-  sub->add_option("--page-size", o->page_size, "1, 16, 32, 64 or 128")->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, 8));
+  sub->add_option("--page-size", o->page_size, "1, 16, 32, 64 or 128")
+      ->capture_default_str()
+      ->transform(integer_one_of({1, 16, 32, 64, 128}));
   sub->add_option("--chunk-capacity", o->chunk_capacity,
                   "Chunked prefix cache: tokens per chunk across the batch")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxLen * 4096));
+  sub->add_option("--chunk-kv-budget-mib", o->chunk_kv_budget_mib,
+                  "Budget of the up-projected prefix rows one MHA pass holds (caps the capacity)")
+      ->capture_default_str()
+      ->transform(integer_in(1, int64_t{1} << 20));
   sub->add_flag("--disable-chunked-prefix-cache", o->disable_chunked_prefix_cache,
                 "Disable the chunked prefix cache (chunked_mla falls back with a prefix)");
   sub->add_flag("--piecewise-graph", o->piecewise_graph, "Piecewise-graph mode");

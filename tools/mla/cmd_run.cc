@@ -3,17 +3,28 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fmt/ranges.h>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_util.h"
 #include "commands.h"
+#include "mla/model.h"
 #include "run_driver.h"
 
 namespace mla::cli {
 namespace {
 
 using nlohmann::json;
+
+// Flag limits: beyond them a run cannot be meaningful on any machine (the KV pool's int32 slots,
+// a request table of rows x max-context-len entries, days of simulation).
+constexpr int64_t kMaxLayers = 128;
+constexpr int64_t kMaxRequests = 1'000'000;
+constexpr int64_t kMaxRunning = 4096;
+constexpr int64_t kMaxPoolTokens = int64_t{1} << 26;
+constexpr int64_t kMaxContextLen = int64_t{1} << 20;
 
 struct RunFlags {
   RunConfig config;
@@ -25,6 +36,45 @@ struct RunFlags {
   bool no_progress = false;
 };
 
+json check_json(const RunReport& r, const RunConfig& c) {
+  json steps = json::array();
+  for (const CheckedStep& cs : r.checks) {
+    json s{{"step", cs.step}, {"mode", cs.mode}, {"reason", cs.reason},
+           {"layer", cs.layer}, {"batch_size", cs.batch_size}, {"tokens", cs.tokens},
+           {"max_prefix", cs.max_prefix}, {"requests_checked", cs.requests_checked},
+           {"rows_checked", cs.rows_checked}, {"heads_checked", cs.heads_checked},
+           {"kv_slots_checked", cs.kv_slots_checked}, {"kv_mismatches", cs.kv_mismatches},
+           {"rel_err", cs.rel_err}, {"worst_request", cs.worst_request},
+           {"worst_row", cs.worst_row}, {"passed", cs.passed}};
+    if (!cs.kv_error.empty()) s["kv_error"] = cs.kv_error;
+    steps.push_back(std::move(s));
+  }
+  const CheckSummary& s = r.check_summary;
+  return {{"passed", r.check_passed},
+          {"tolerance", c.check_tolerance},
+          {"max_rel_err", r.max_rel_err},
+          {"budget_macs_per_step", c.check_budget},
+          {"steps", s.steps},
+          {"steps_checked", s.steps_checked},
+          {"steps_skipped", s.steps_skipped},
+          {"requests_checked", s.requests_checked},
+          {"rows", s.rows},
+          {"rows_checked", s.rows_checked},
+          {"rows_sampled_out", s.rows_sampled_out},
+          {"steps_with_sampled_heads", s.steps_with_sampled_heads},
+          {"kv_slots_checked", s.kv_slots_checked},
+          {"kv_mismatches", s.kv_mismatches},
+          {"kinds_present", s.kinds_present},
+          {"kinds_checked", s.kinds_checked},
+          {"checks", steps}};
+}
+
+json peak_json(const RunReport& r) {
+  std::size_t total = 0;
+  for (const auto& [name, bytes] : r.peak_bytes) total += bytes;
+  return {{"total", total}, {"by_buffer", r.peak_bytes}};
+}
+
 json report_json(const RunReport& r, const RunConfig& c) {
   json tokens = json::object(), seconds = json::object(), batches = json::object(),
        tok_s = json::object();
@@ -35,7 +85,34 @@ json report_json(const RunReport& r, const RunConfig& c) {
     tok_s[mode] = m.seconds > 0 ? static_cast<double>(m.tokens) / m.seconds : 0.0;
   }
   const auto& s = r.scheduler;
-  json j{{"backend", r.backend},
+  const sim::WorkloadConfig& w = c.workload;
+  // Everything needed to reproduce the run: version, commit, seed, workload and limits.
+  json reproduce{{"version", kVersion},
+                 {"commit", git_commit()},
+                 {"seed", w.seed},
+                 {"trace", c.trace},
+                 {"limits",
+                  {{"max_running", c.scheduler.max_running_requests},
+                   {"max_batch_tokens", c.scheduler.max_batch_tokens},
+                   {"pool_tokens", c.pool_tokens},
+                   {"max_context_len", c.max_context_len},
+                   {"page_size", c.page_size},
+                   {"mixed", c.scheduler.enable_mixed},
+                   {"max_prefix_entries", c.scheduler.max_prefix_entries},
+                   {"chunk_kv_budget_mib", c.chunk_kv_budget_mib}}}};
+  if (c.trace.empty()) {
+    reproduce["workload_parameters"] = {
+        {"num_requests", w.num_requests},     {"arrival_rate", w.arrival_rate},
+        {"initial_burst", w.initial_burst},   {"prompt_median", w.prompt_median},
+        {"prompt_sigma", w.prompt_sigma},     {"prompt_min", w.prompt_min},
+        {"prompt_max", w.prompt_max},         {"prefix_hit_prob", w.prefix_hit_prob},
+        {"prefix_groups", w.prefix_groups},   {"prefix_len_min", w.prefix_len_min},
+        {"prefix_len_max", w.prefix_len_max}, {"output_median", w.output_median},
+        {"output_sigma", w.output_sigma},     {"output_min", w.output_min},
+        {"output_max", w.output_max}};
+  }
+  json j{{"reproduce", reproduce},
+         {"backend", r.backend},
          {"device", r.device},
          {"model", r.model},
          {"layers", r.layers},
@@ -52,6 +129,8 @@ json report_json(const RunReport& r, const RunConfig& c) {
          {"batches", batches},
          {"tokens_per_second", tok_s},
          {"workspaces", r.workspaces},
+         {"peak_bytes_outside_pool", peak_json(r)},
+         {"chunk_kv_budget_bytes", static_cast<std::size_t>(c.chunk_kv_budget_mib) << 20},
          {"kv_pool_bytes", r.pool_bytes},
          {"planning",
           {{"init_forward_metadata_calls", r.planning.init_forward_metadata_calls},
@@ -75,16 +154,7 @@ json report_json(const RunReport& r, const RunConfig& c) {
            {"drafts_proposed", s.drafts_proposed},
            {"drafts_accepted", s.drafts_accepted},
            {"peak_used_pages", s.peak_used_pages}}}};
-  if (r.checked) {
-    json steps = json::array();
-    for (const CheckedStep& cs : r.checks) {
-      steps.push_back({{"step", cs.step}, {"mode", cs.mode}, {"batch_size", cs.batch_size},
-                       {"tokens", cs.tokens}, {"rel_err", cs.rel_err}});
-    }
-    j["check"] = {{"steps_checked", r.checks.size()}, {"max_rel_err", r.max_rel_err},
-                  {"tolerance", c.check_tolerance}, {"passed", r.check_passed},
-                  {"steps", steps}};
-  }
+  if (r.checked) j["check"] = check_json(r, c);
   return j;
 }
 
@@ -127,14 +197,34 @@ void print_report(const RunReport& r, const RunConfig& c) {
   fmt::print("\n\nworkspace bytes outside the KV pool ({} in the pool):\n",
              human_bytes(r.pool_bytes));
   print_ledger_table(r.workspaces, "  ");
+  std::size_t peak = 0;
+  for (const auto& [name, bytes] : r.peak_bytes) peak += bytes;
+  fmt::print("peak outside the pool: {} (mha_chunk_kv budget {} MiB)\n", human_bytes(peak),
+             c.chunk_kv_budget_mib);
   if (r.checked) {
-    fmt::print("\ncheck: {} steps against the double-precision reference, max rel err {:.3g} "
+    const CheckSummary& cs = r.check_summary;
+    fmt::print("\ncheck: {} of {} steps against the double-precision reference: {} request "
+               "entries, {} of {} token rows ({} sampled out by the reference budget), {} KV "
+               "slots against the simulation's KV model ({} wrong); worst per-row rel err {:.3g} "
                "(tolerance {:.3g}): {}\n",
-               r.checks.size(), r.max_rel_err, c.check_tolerance,
-               r.check_passed ? "PASSED" : "FAILED");
-    for (const CheckedStep& cs : r.checks) {
-      fmt::print("  step {:>4} {:<13} bs {:>3} tokens {:>5}  rel err {:.3g}\n", cs.step, cs.mode,
-                 cs.batch_size, cs.tokens, cs.rel_err);
+               cs.steps_checked, cs.steps, cs.requests_checked, cs.rows_checked, cs.rows,
+               cs.rows_sampled_out, cs.kv_slots_checked, cs.kv_mismatches, r.max_rel_err,
+               c.check_tolerance, r.check_passed ? "PASSED" : "FAILED");
+    fmt::print("  kinds present: {}; checked: {}\n", fmt::join(cs.kinds_present, ", "),
+               fmt::join(cs.kinds_checked, ", "));
+    if (cs.steps_with_sampled_heads) {
+      fmt::print("  {} steps checked a sample of the heads (reference budget)\n",
+                 cs.steps_with_sampled_heads);
+    }
+    for (const auto& [why, n] : cs.steps_skipped) fmt::print("  {} steps skipped: {}\n", n, why);
+    for (const CheckedStep& s : r.checks) {
+      fmt::print("  step {:>4} {:<13} bs {:>3} tokens {:>5} prefix {:>6}  rows {:>5} heads {:>3} "
+                 "kv {:>7}{}  rel err {:.3g} (request {} row {})  {}\n",
+                 s.step, s.mode, s.batch_size, s.tokens, s.max_prefix, s.rows_checked,
+                 s.heads_checked, s.kv_slots_checked,
+                 s.kv_mismatches ? fmt::format(" ({} WRONG)", s.kv_mismatches) : "", s.rel_err,
+                 s.worst_request, s.worst_row, s.reason);
+      if (!s.kv_error.empty()) fmt::print("    {}\n", s.kv_error);
     }
   }
   fmt::print("\nwall time {:.2f} s\n", r.wall_seconds);
@@ -158,8 +248,14 @@ int run_run(RunFlags& f) {
     print_report(*report, c);
   }
   if (c.check && !report->check_passed) {
-    std::fprintf(stderr, "mla run: --check failed (max rel err %.3g, tolerance %.3g, %zu steps)\n",
-                 report->max_rel_err, c.check_tolerance, report->checks.size());
+    const CheckSummary& cs = report->check_summary;
+    std::fprintf(stderr,
+                 "mla run: --check failed: worst per-row rel err %.3g (tolerance %.3g), %lld "
+                 "wrong KV slots, %lld steps checked, kinds checked %zu of %zu\n",
+                 report->max_rel_err, c.check_tolerance,
+                 static_cast<long long>(cs.kv_mismatches),
+                 static_cast<long long>(cs.steps_checked), cs.kinds_checked.size(),
+                 cs.kinds_present.size());
     return 1;
   }
   return 0;
@@ -172,30 +268,52 @@ CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
   RunConfig& c = f->config;
   CLI::App* sub = app.add_subcommand(
       "run", "Serving simulation: drive a backend through a realistic stream of batches");
+  const auto backends = BackendRegistry::global().names();
   sub->add_option("--backend", c.backend, "paged_mla, chunked_mla or ondemand_mla")
-      ->capture_default_str();
-  sub->add_option("--device", f->device, "cpu, cuda, cuda:N")->capture_default_str();
-  sub->add_option("--model", c.model, "Model preset (mla info lists them)")->capture_default_str();
-  sub->add_option("--layers", c.layers, "Layers run per batch")->capture_default_str();
-  sub->add_option("--page-size", c.page_size, "1, 16, 32, 64 or 128")->capture_default_str();
+      ->capture_default_str()
+      ->check(word_in(backends));
+  sub->add_option("--device", f->device, "cpu, cuda, cuda:N")
+      ->capture_default_str()
+      ->check(device_name());
+  sub->add_option("--model", c.model, "Model preset (mla info lists them)")
+      ->capture_default_str()
+      ->check(word_in(model_preset_names()));
+  sub->add_option("--layers", c.layers, "Layers run per batch")
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxLayers));
+  sub->add_option("--page-size", c.page_size, "1, 16, 32, 64 or 128")
+      ->capture_default_str()
+      ->transform(integer_one_of({1, 16, 32, 64, 128}));
   sub->add_option("--requests", f->requests, "Requests of the embedded workload")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxRequests));
   sub->add_option("--seed", f->seed, "Seed of the workload, inputs and accepted drafts")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(unsigned_integer());
   sub->add_option("--speculative", c.scheduler.speculative_tokens,
                   "Draft tokens per TARGET_VERIFY (0 = off); adds DRAFT_EXTEND batches")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(0, 8));
   sub->add_option("--trace", c.trace, "Replay a JSONL request trace (docs/trace-format.md)");
   sub->add_option("--dump-trace", c.dump_trace, "Write the workload as a JSONL trace");
   sub->add_option("--max-running", c.scheduler.max_running_requests, "Running requests at most")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxRunning));
   sub->add_option("--max-batch-tokens", c.scheduler.max_batch_tokens,
-                  "New tokens per batch at most (chunked prefill)")
-      ->capture_default_str();
+                  "New tokens per batch at most (chunked prefill); at most --pool-tokens")
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxPoolTokens));
   sub->add_option("--pool-tokens", c.pool_tokens, "KV pool capacity in tokens")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxPoolTokens));
   sub->add_option("--max-context-len", c.max_context_len, "Longest request (tokens)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(integer_in(1, kMaxContextLen));
+  sub->add_option("--chunk-kv-budget-mib", c.chunk_kv_budget_mib,
+                  "Budget of the up-projected prefix rows one MHA pass holds (the backend's "
+                  "mha_chunk_kv buffer); longer prefixes take more chunks")
+      ->capture_default_str()
+      ->transform(integer_in(1, int64_t{1} << 20));
   sub->add_flag("--no-mixed", f->no_mixed, "No MIXED batches (prefill and decode apart)");
   sub->add_flag("--disable-chunked-prefix-cache", c.disable_chunked_prefix_cache,
                 "Backend option: no chunked prefix cache (chunked_mla falls back with a prefix)");
@@ -205,11 +323,15 @@ CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
                 "Capture/replay metadata path for decode and verify batches");
   sub->add_flag("--check", c.check,
                 "Compare sampled steps with the double-precision reference; exit 1 on failure");
-  sub->add_option("--check-steps", c.check_steps, "Steps compared with --check")
-      ->capture_default_str();
+  sub->add_option("--check-steps", c.check_steps,
+                  "--check: extra steps sampled (every 5th) beyond the first of each batch kind "
+                  "and every extend with a prefix")
+      ->capture_default_str()
+      ->transform(integer_in(1, std::numeric_limits<int>::max()));
   sub->add_option("--check-tolerance", c.check_tolerance,
-                  "Largest relative error ||o - ref|| / ||ref|| accepted")
-      ->capture_default_str();
+                  "Largest per-row relative error ||o - ref|| / ||ref|| accepted")
+      ->capture_default_str()
+      ->check(positive_finite());
   sub->add_flag("--json", f->json_out, "Print one JSON object (no progress bar)");
   sub->add_flag("--no-progress", f->no_progress, "No progress bar on stderr");
   sub->callback([runner, f] { *runner = [f] { return run_run(*f); }; });

@@ -21,9 +21,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Reference cost (multiply-adds) above which a step is not checked: a few seconds on one core.
-constexpr double kMaxCheckCost = 3e9;
-
 // Graph batch sizes captured, as a serving engine does: 1, 2, 4, 8, then multiples of 8.
 int graph_bucket(int bs, int max_bs) {
   int b = 1;
@@ -47,9 +44,23 @@ ForwardBatch padded_graph_batch(ForwardMode mode, int padded_bs, int num_draft_t
   return b;
 }
 
-// Each (mode, with or without a cached prefix) kind is checked at least once when affordable.
-int check_kind(const ForwardBatch& b) {
-  return static_cast<int>(b.mode) * 2 + (b.has_prefix() ? 1 : 0);
+// Each (mode, with or without a cached prefix) kind present is checked at least once.
+std::string check_kind(const ForwardBatch& b) {
+  return fmt::format("{}{}", forward_mode_name(b.mode), b.has_prefix() ? "+prefix" : "");
+}
+
+// The largest cached prefix of the step's prefill entries (EXTEND, and MIXED's first
+// num_prefill entries); 0 for other modes.
+int32_t prefill_prefix(const sim::Step& step) {
+  const ForwardBatch& b = step.batch;
+  int n = 0;
+  if (b.mode == ForwardMode::kExtend) n = b.batch_size;
+  if (b.mode == ForwardMode::kMixed) n = step.num_prefill;
+  int32_t out = 0;
+  for (int i = 0; i < n && i < static_cast<int>(b.extend_prefix_lens.size()); ++i) {
+    out = std::max(out, b.extend_prefix_lens[static_cast<std::size_t>(i)]);
+  }
+  return out;
 }
 
 void add_stats(PlanningStats& into, const PlanningStats& s) {
@@ -87,14 +98,21 @@ class Simulation {
   std::unique_ptr<sim::Scheduler> scheduler_;
   std::set<int> captured_;
   std::vector<double> plan_ns_;
-  std::set<int> checked_kinds_;  // (mode, has a cached prefix) pairs checked so far
+  std::set<std::string> checked_kinds_, present_kinds_;
+  void record_peaks();
+  int sampled_checks_ = 0;
   int graph_max_bs_ = 0;
 };
 
 Status Simulation::setup() {
   MLA_CHECK_ARG(c_.layers >= 1, "--layers = {} must be >= 1", c_.layers);
-  MLA_CHECK_ARG(c_.pool_tokens >= c_.page_size, "--pool-tokens = {} is below one page of {}",
-                c_.pool_tokens, c_.page_size);
+  MLA_CHECK_ARG(c_.pool_tokens >= c_.page_size,
+                "--pool-tokens = {} is below one page of --page-size = {} tokens", c_.pool_tokens,
+                c_.page_size);
+  MLA_CHECK_ARG(c_.scheduler.max_batch_tokens <= c_.pool_tokens,
+                "--max-batch-tokens = {} exceeds --pool-tokens = {}: a batch's new tokens need "
+                "KV slots",
+                c_.scheduler.max_batch_tokens, c_.pool_tokens);
   MLA_ASSIGN_OR_RETURN(model_, model_preset(c_.model));
   MLA_CHECK_ARG(device_available(c_.device), "--device {} is not available{}",
                 c_.device.to_string(),
@@ -104,7 +122,11 @@ Status Simulation::setup() {
   if (c_.trace.empty()) {
     MLA_ASSIGN_OR_RETURN(requests, sim::generate_workload(c_.workload));
   } else {
-    MLA_ASSIGN_OR_RETURN(requests, sim::load_trace(c_.trace));
+    auto loaded = sim::load_trace(c_.trace);
+    if (!loaded.ok()) {
+      return Status(loaded.status().code(), "--trace: " + loaded.status().message());
+    }
+    requests = std::move(*loaded);
   }
   report_.workload = (c_.trace.empty() ? "embedded: " : c_.trace + ": ") +
                      sim::describe_workload(requests);
@@ -123,10 +145,22 @@ Status Simulation::setup() {
   pc.max_context_len = c_.max_context_len;
   pc.latent_dim = model_.latent_dim();
   pc.device = c_.device;
-  MLA_ASSIGN_OR_RETURN(pool_, LatentKvPool::create(pc));
+  auto pool = LatentKvPool::create(pc);
+  if (!pool.ok()) {
+    return Status(pool.status().code(),
+                  fmt::format("the KV pool of --pool-tokens = {}, --layers = {}, --max-running = "
+                              "{}, --max-context-len = {} cannot be created: {}",
+                              c_.pool_tokens, c_.layers, c_.scheduler.max_running_requests,
+                              c_.max_context_len, pool.status().message()));
+  }
+  pool_ = std::move(*pool);
   report_.pool_bytes = static_cast<std::size_t>(pool_->num_slots()) * 576 * 2 * pc.num_layers;
-  MLA_ASSIGN_OR_RETURN(scheduler_,
-                       sim::Scheduler::create(pool_.get(), c_.scheduler, std::move(requests)));
+  auto scheduler = sim::Scheduler::create(pool_.get(), c_.scheduler, std::move(requests));
+  if (!scheduler.ok()) {
+    if (c_.trace.empty()) return scheduler.status();
+    return Status(scheduler.status().code(), c_.trace + ": " + scheduler.status().message());
+  }
+  scheduler_ = std::move(*scheduler);
 
   BackendContext ctx;
   ctx.pool = pool_.get();
@@ -136,6 +170,7 @@ Status Simulation::setup() {
   ctx.options.piecewise_cuda_graph = c_.piecewise_graph;
   ctx.options.max_batch = c_.scheduler.max_running_requests;
   ctx.options.max_q_len = std::max(c_.scheduler.speculative_tokens, 1);
+  ctx.options.mha_chunk_kv_budget_bytes = static_cast<std::size_t>(c_.chunk_kv_budget_mib) << 20;
   MLA_ASSIGN_OR_RETURN(target_, BackendRegistry::global().create(c_.backend, ctx));
   if (speculative) {
     MLA_ASSIGN_OR_RETURN(draft_, BackendRegistry::global().create(c_.backend, ctx));
@@ -149,7 +184,8 @@ Status Simulation::setup() {
   }
   const int64_t max_tokens = std::max<int64_t>(
       c_.scheduler.max_batch_tokens, static_cast<int64_t>(graph_max_bs_) * q);
-  MLA_ASSIGN_OR_RETURN(layer_, SimLayer::create(model_, c_.device, pc.num_layers, max_tokens,
+  MLA_ASSIGN_OR_RETURN(layer_, SimLayer::create(model_, c_.device, pc.num_layers,
+                                                pool_->num_slots(), max_tokens,
                                                 c_.workload.seed ^ 0x5eed));
   return Status::Ok();
 }
@@ -189,24 +225,72 @@ Status Simulation::run_step(const sim::Step& step) {
   const bool on_draft = batch.mode == ForwardMode::kDraftExtend;
   AttentionBackend& be = on_draft ? *draft_ : *target_;
   double check_seconds = 0.0;
-  const bool want_check =
-      c_.check && static_cast<int>(report_.checks.size()) < c_.check_steps &&
-      SimLayer::check_cost(batch, model_.num_heads) <= kMaxCheckCost &&
-      (!checked_kinds_.count(check_kind(batch)) || step.index % 5 == 0);
+  std::string reason;
+  const std::string kind = check_kind(batch);
+  if (c_.check) {
+    present_kinds_.insert(kind);
+    if (!checked_kinds_.count(kind)) {
+      reason = "first " + kind;
+    } else if (prefill_prefix(step) > 0) {
+      reason = "extend with a prefix";
+    } else if (step.index % 5 == 0 && sampled_checks_ < c_.check_steps) {
+      reason = "sampled";
+      ++sampled_checks_;
+    }
+    CheckSummary& cs = report_.check_summary;
+    ++cs.steps;
+    if (reason.empty()) {
+      ++cs.steps_skipped[sampled_checks_ >= c_.check_steps
+                             ? "kind already checked, no prefix extend, --check-steps used up"
+                             : "kind already checked, no prefix extend, not every 5th step"];
+    }
+  }
+  const bool want_check = !reason.empty();
 
   auto run_layers = [&](AttentionBackend& backend, int first, int count, bool target) -> Status {
     MLA_ASSIGN_OR_RETURN(const int64_t rows, plan(backend, batch, target));
     for (int l = first; l < first + count; ++l) {
-      MLA_RETURN_IF_ERROR(layer_->forward(backend, l, rows));
+      MLA_RETURN_IF_ERROR(layer_->forward(backend, batch, l, rows));
       if (l == first && want_check) {
         const auto c0 = Clock::now();
-        MLA_ASSIGN_OR_RETURN(const double err, layer_->check(backend, batch, l));
+        MLA_ASSIGN_OR_RETURN(const SimLayer::CheckResult r,
+                             layer_->check(backend, batch, l, c_.check_budget));
         check_seconds += seconds_since(c0);
-        report_.checks.push_back(CheckedStep{step.index, std::string(forward_mode_name(batch.mode)),
-                                             batch.batch_size, batch.num_tokens(), err});
-        report_.max_rel_err = std::max(report_.max_rel_err, err);
-        if (!(err <= c_.check_tolerance)) report_.check_passed = false;
-        checked_kinds_.insert(check_kind(batch));
+        CheckedStep cs;
+        cs.step = step.index;
+        cs.mode = std::string(forward_mode_name(batch.mode));
+        cs.reason = reason;
+        cs.batch_size = batch.batch_size;
+        cs.tokens = batch.num_tokens();
+        for (int32_t p : batch.extend_prefix_lens) cs.max_prefix = std::max(cs.max_prefix, p);
+        cs.layer = l;
+        cs.requests_checked = r.entries_checked;
+        cs.rows_checked = r.rows_checked;
+        cs.heads_checked = r.heads_checked;
+        cs.kv_slots_checked = r.kv_slots_checked;
+        cs.kv_mismatches = r.kv_mismatches;
+        cs.kv_error = r.kv_error;
+        cs.rel_err = r.max_rel_err;
+        if (r.worst_entry >= 0) {
+          cs.worst_request = step.request_ids[static_cast<std::size_t>(r.worst_entry)];
+          cs.worst_row = r.worst_row;
+        }
+        cs.passed = r.max_rel_err <= c_.check_tolerance && r.kv_mismatches == 0;
+        CheckSummary& sum = report_.check_summary;
+        if (report_.checks.empty() || report_.checks.back().step != step.index) {
+          ++sum.steps_checked;
+        }
+        sum.requests_checked += r.entries_checked;
+        sum.rows += r.rows;
+        sum.rows_checked += r.rows_checked;
+        sum.rows_sampled_out += r.rows - r.rows_checked;
+        if (r.heads_checked < model_.num_heads) ++sum.steps_with_sampled_heads;
+        sum.kv_slots_checked += r.kv_slots_checked;
+        sum.kv_mismatches += r.kv_mismatches;
+        report_.max_rel_err = std::max(report_.max_rel_err, r.max_rel_err);
+        if (!cs.passed) report_.check_passed = false;
+        report_.checks.push_back(std::move(cs));
+        checked_kinds_.insert(kind);
       }
     }
     return Status::Ok();
@@ -228,6 +312,19 @@ Status Simulation::run_step(const sim::Step& step) {
   return Status::Ok();
 }
 
+// Backend buffers and workspaces on the run's device, outside the KV pool (not the simulation's
+// activations and weights): their largest size so far, per buffer.
+void Simulation::record_peaks() {
+  for (const AllocationRecord& r : MemoryLedger::global().snapshot()) {
+    if (r.device != c_.device || r.owner.rfind("sim", 0) == 0 || r.owner == "activations" ||
+        r.owner.rfind("kv_pool", 0) == 0) {
+      continue;
+    }
+    std::size_t& peak = report_.peak_bytes[r.name];
+    peak = std::max(peak, r.bytes);
+  }
+}
+
 StatusOr<RunReport> Simulation::run() {
   const auto t0 = Clock::now();
   MLA_RETURN_IF_ERROR(setup());
@@ -236,14 +333,31 @@ StatusOr<RunReport> Simulation::run() {
   report_.model = c_.model;
   report_.layers = c_.layers;
   report_.checked = c_.check;
-  Progress progress("mla run", static_cast<int64_t>(scheduler_->requests().size()), c_.progress);
+  // Progress in tokens (prompt + output of every request), so one long request moves the bar.
+  int64_t total_tokens = 0;
+  for (const sim::RequestSpec& r : scheduler_->requests()) {
+    total_tokens += static_cast<int64_t>(r.prompt_len) + r.output_len;
+  }
+  Progress progress("mla run", total_tokens, c_.progress);
+  int64_t prefill_tokens = 0;
   while (!scheduler_->done()) {
     MLA_ASSIGN_OR_RETURN(sim::Step step, scheduler_->next_step());
     MLA_RETURN_IF_ERROR(run_step(step));
+    record_peaks();
     MLA_RETURN_IF_ERROR(scheduler_->complete_step(step));
-    progress.update(scheduler_->stats().finished,
-                    fmt::format("step {} {} bs {}", step.index, forward_mode_name(step.batch.mode),
-                                step.batch.batch_size));
+    const ForwardBatch& b = step.batch;
+    if (b.mode == ForwardMode::kExtend || b.mode == ForwardMode::kMixed) {
+      const int n = b.mode == ForwardMode::kExtend ? b.batch_size : step.num_prefill;
+      for (int i = 0; i < n; ++i) prefill_tokens += b.extend_seq_lens[static_cast<std::size_t>(i)];
+    }
+    int64_t generated = 0;
+    for (int32_t g : scheduler_->generated()) generated += g;
+    progress.update(prefill_tokens + generated,
+                    fmt::format("step {}, {} prompt + {} output tokens, {}/{} requests done, {} "
+                                "bs {}",
+                                step.index, prefill_tokens, generated, scheduler_->stats().finished,
+                                scheduler_->requests().size(), forward_mode_name(b.mode),
+                                b.batch_size));
   }
   progress.finish();
   report_.steps = scheduler_->stats().steps;
@@ -265,7 +379,15 @@ StatusOr<RunReport> Simulation::run() {
   report_.workspaces = ledger_json(live, /*skip_kv_pool=*/true);
   MLA_RETURN_IF_ERROR(scheduler_->release_all());
   report_.wall_seconds = seconds_since(t0);
-  if (c_.check && report_.checks.empty()) report_.check_passed = false;
+  if (c_.check) {
+    CheckSummary& sum = report_.check_summary;
+    sum.kinds_present.assign(present_kinds_.begin(), present_kinds_.end());
+    sum.kinds_checked.assign(checked_kinds_.begin(), checked_kinds_.end());
+    // Every kind present must have been checked; a run that checked nothing fails.
+    if (report_.checks.empty() || sum.kinds_checked != sum.kinds_present) {
+      report_.check_passed = false;
+    }
+  }
   return report_;
 }
 

@@ -26,6 +26,7 @@ struct RunConfig {
   int page_size = 64;
   int64_t pool_tokens = 65536;
   int max_context_len = 4096;
+  int64_t chunk_kv_budget_mib = 512;  // BackendOptions::mha_chunk_kv_budget_bytes, in MiB
   sim::WorkloadConfig workload;      // num_requests and seed set from the command line
   sim::SchedulerConfig scheduler;    // speculative_tokens etc.
   std::string trace;                 // "" = the embedded workload
@@ -33,9 +34,14 @@ struct RunConfig {
   bool disable_chunked_prefix_cache = false;
   bool piecewise_graph = false;
   bool cuda_graph = false;           // capture/replay metadata path for decode and verify
+  // --check checks, on the first layer of each step it picks: the first batch of every kind
+  // (mode, with or without a cached prefix), every EXTEND / MIXED batch whose prefill part has
+  // a cached prefix, and up to check_steps more (every 5th step). A step's reference is sampled
+  // by rows (then heads) to stay within check_budget multiply-adds, never skipped.
   bool check = false;
-  int check_steps = 6;               // steps compared with the reference (--check)
-  double check_tolerance = 1e-2;     // max relative error ||o - ref|| / ||ref|| allowed
+  int check_steps = 6;               // extra sampled steps (--check-steps)
+  double check_tolerance = 1e-2;     // worst per-row ||o - ref|| / ||ref|| allowed
+  double check_budget = 3e8;         // reference multiply-adds per checked step
   bool progress = true;
 };
 
@@ -48,9 +54,32 @@ struct ModeTotals {
 struct CheckedStep {
   int64_t step = 0;
   std::string mode;
+  std::string reason;      // "first <kind>", "extend with a prefix", "sampled"
   int batch_size = 0;
   int64_t tokens = 0;
-  double rel_err = 0.0;
+  int32_t max_prefix = 0;  // largest cached prefix among the batch's entries
+  int layer = 0;
+  int requests_checked = 0;
+  int64_t rows_checked = 0;
+  int heads_checked = 0;
+  int64_t kv_slots_checked = 0;
+  int64_t kv_mismatches = 0;
+  std::string kv_error;
+  double rel_err = 0.0;    // worst row
+  int worst_request = -1;  // request id and row of the worst row
+  int worst_row = -1;
+  bool passed = true;
+};
+
+struct CheckSummary {
+  int64_t steps = 0, steps_checked = 0;
+  std::map<std::string, int64_t> steps_skipped;  // reason -> steps
+  int64_t requests_checked = 0;                  // request entries over the checked steps
+  int64_t rows = 0, rows_checked = 0;            // token rows of the checked steps
+  int64_t rows_sampled_out = 0;                  // not in the reference budget
+  int64_t steps_with_sampled_heads = 0;
+  int64_t kv_slots_checked = 0, kv_mismatches = 0;
+  std::vector<std::string> kinds_present, kinds_checked;
 };
 
 struct RunReport {
@@ -60,6 +89,7 @@ struct RunReport {
   double wall_seconds = 0.0;
   std::map<std::string, ModeTotals> modes;  // by forward_mode_name
   nlohmann::json workspaces;                // ledger records outside the KV pool, at the end
+  std::map<std::string, std::size_t> peak_bytes;  // per buffer outside the pool, max over steps
   std::size_t pool_bytes = 0;
   PlanningStats planning;                   // target backend (plus the draft backend's counts)
   double median_plan_ns = 0.0;              // over every planned batch (our own timing)
@@ -67,6 +97,7 @@ struct RunReport {
   sim::SchedulerStats scheduler;
   bool checked = false;
   std::vector<CheckedStep> checks;
+  CheckSummary check_summary;
   double max_rel_err = 0.0;
   bool check_passed = true;
 };

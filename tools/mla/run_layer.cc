@@ -1,10 +1,13 @@
 #include "run_layer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <fmt/format.h>
 #include <limits>
 
 #include "common/case_gen.h"
 #include "common/reference.h"
+#include "mla/kv_pool.h"
 
 namespace mla::cli {
 namespace {
@@ -22,10 +25,13 @@ SimLayer::SimLayer(const ModelDims& model, Device device, int64_t max_tokens)
 }
 
 StatusOr<std::unique_ptr<SimLayer>> SimLayer::create(const ModelDims& model, Device device,
-                                                     int num_layers, int64_t max_tokens,
-                                                     uint64_t seed) {
+                                                     int num_layers, int64_t num_slots,
+                                                     int64_t max_tokens, uint64_t seed) {
   MLA_CHECK_ARG(max_tokens >= 1, "sim layer: max_tokens = {} must be >= 1", max_tokens);
+  MLA_CHECK_ARG(num_slots >= 1, "sim layer: num_slots = {} must be >= 1", num_slots);
   std::unique_ptr<SimLayer> l(new SimLayer(model, device, max_tokens));
+  l->kv_model_.assign(static_cast<std::size_t>(num_layers),
+                      std::vector<SlotSource>(static_cast<std::size_t>(num_slots)));
   l->rng_.seed(seed);
   const int64_t H = model.num_heads;
   l->noise_elems_ = max_tokens * H * 128 + kNoiseSlack;
@@ -62,51 +68,182 @@ TensorView SimLayer::noise_view(int64_t offset, std::initializer_list<int64_t> s
   return TensorView(noise_.as<bf16>() + offset, DType::kBF16, device_, shape);
 }
 
-Status SimLayer::forward(AttentionBackend& backend, int layer, int64_t T) {
+Status SimLayer::forward(AttentionBackend& backend, const ForwardBatch& batch, int layer,
+                         int64_t T) {
   MLA_CHECK_ARG(T >= 0 && T <= max_tokens_, "sim layer: {} tokens exceed the {} planned for", T,
                 max_tokens_);
   MLA_CHECK_ARG(layer >= 0 && layer < static_cast<int>(layers_.size()),
                 "sim layer: layer = {} is outside 0..{}", layer, layers_.size() - 1);
+  MLA_CHECK_ARG(batch.num_tokens() <= T, "sim layer: batch has {} tokens, {} rows run",
+                batch.num_tokens(), T);
   const int64_t H = model_.num_heads;
   last_tokens_ = T;
   off_q_ = pick_offset();
   off_qpe_ = pick_offset();
+  const int64_t off_ckv = pick_offset(), off_kpe = pick_offset();
   const TensorView o(o_.data(), DType::kBF16, device_, {T, H, 128});
-  return layers_[static_cast<std::size_t>(layer)]->forward(
+  MLA_RETURN_IF_ERROR(layers_[static_cast<std::size_t>(layer)]->forward(
       backend, noise_view(off_q_, {T, H, 128}), noise_view(off_qpe_, {T, H, 64}),
-      noise_view(pick_offset(), {T, 512}), noise_view(pick_offset(), {T, 64}), o, ctx_);
-}
-
-double SimLayer::check_cost(const ForwardBatch& batch, int num_heads) {
-  double pairs = 0.0;
-  for (int b = 0; b < batch.batch_size; ++b) {
-    pairs += static_cast<double>(batch.q_len(b)) * batch.kv_len(b);
+      noise_view(off_ckv, {T, 512}), noise_view(off_kpe, {T, 64}), o, ctx_));
+  // The KV model: what the batch's real tokens should have written, slot by slot.
+  std::vector<SlotSource>& model = kv_model_[static_cast<std::size_t>(layer)];
+  for (int64_t t = 0; t < batch.num_tokens(); ++t) {
+    const int32_t slot = batch.out_cache_loc[static_cast<std::size_t>(t)];
+    MLA_CHECK_ARG(slot >= 0 && slot < static_cast<int64_t>(model.size()),
+                  "sim layer: out_cache_loc[{}] = {} is outside the pool's {} slots", t, slot,
+                  model.size());
+    model[static_cast<std::size_t>(slot)] = SlotSource{off_ckv + t * 512, off_kpe + t * 64};
   }
-  return num_heads * (pairs * 1088.0 + static_cast<double>(batch.num_tokens()) * 2 * 128 * 512);
+  return Status::Ok();
 }
 
-StatusOr<double> SimLayer::check(const AttentionBackend& backend, const ForwardBatch& batch,
-                                 int layer) {
+namespace {
+
+constexpr double kRowMacsFixed = 2.0 * 128 * 512;  // q_nope @ W_UK and o_latent @ W_UV per head
+constexpr double kKeyMacs = 1088.0;                // q . k (576) and p * v (512) per head and key
+
+}  // namespace
+
+StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
+                                                const ForwardBatch& batch, int layer,
+                                                double budget) {
   const int64_t T = batch.num_tokens();
   const int H = model_.num_heads;
   MLA_CHECK_ARG(T <= last_tokens_, "sim check: batch has {} tokens, the last forward ran {}", T,
                 last_tokens_);
-  if (T == 0) return 0.0;
+  CheckResult res;
+  res.rows = T;
+  if (T == 0) return res;
   DeviceRuntime* rt = device_runtime(device_.type);
   const LatentKvPool& pool = *backend.pool();
+  const int bs = batch.batch_size;
 
-  // Inputs exactly as the layer saw them.
-  const std::vector<float> q_nope = testing::to_float(
-      std::span<const bf16>(noise_host_).subspan(static_cast<std::size_t>(off_q_),
-                                                 static_cast<std::size_t>(T * H * 128)));
-  const std::vector<float> q_pe = testing::to_float(
-      std::span<const bf16>(noise_host_).subspan(static_cast<std::size_t>(off_qpe_),
-                                                 static_cast<std::size_t>(T * H * 64)));
-  const std::vector<float> w = testing::to_float(weight_host_);
+  // Rows to check: (entry, row within the entry, keys visible to it).
+  struct Row {
+    int entry;
+    int32_t i;
+    int32_t visible;
+    int64_t token;  // row of the batch
+  };
+  std::vector<int64_t> first_token(static_cast<std::size_t>(bs) + 1, 0);
+  for (int b = 0; b < bs; ++b) first_token[b + 1] = first_token[b] + batch.q_len(b);
+  auto row_of = [&](int b, int32_t i) {
+    return Row{b, i, batch.kv_len(b) - batch.q_len(b) + i + 1, first_token[b] + i};
+  };
+  auto row_cost = [](const Row& r) { return r.visible * kKeyMacs + kRowMacsFixed; };
+  std::vector<Row> rows;
+  std::vector<char> taken(static_cast<std::size_t>(T), 0);
+  double cost = 0.0;  // per head
+  for (int b = 0; b < bs; ++b) {
+    if (batch.q_len(b) == 0) continue;
+    rows.push_back(row_of(b, batch.q_len(b) - 1));
+    taken[static_cast<std::size_t>(rows.back().token)] = 1;
+    cost += row_cost(rows.back());
+  }
+  int heads = H;
+  if (cost * H > budget) heads = std::clamp(static_cast<int>(budget / cost), 1, H);
+  auto try_add = [&](const Row& r) {
+    if (taken[static_cast<std::size_t>(r.token)] || (cost + row_cost(r)) * heads > budget) return;
+    taken[static_cast<std::size_t>(r.token)] = 1;
+    rows.push_back(r);
+    cost += row_cost(r);
+  };
+  for (int b = 0; b < bs; ++b) {
+    if (batch.q_len(b) > 1) try_add(row_of(b, 0));
+  }
+  for (int tries = 0; tries < 4 * T && (cost + kRowMacsFixed) * heads <= budget; ++tries) {
+    const int64_t t = static_cast<int64_t>(rng_() % static_cast<uint64_t>(T));
+    const int b = static_cast<int>(
+        std::upper_bound(first_token.begin(), first_token.end(), t) - first_token.begin() - 1);
+    try_add(row_of(b, static_cast<int32_t>(t - first_token[b])));
+  }
+  std::vector<int> head_ids(static_cast<std::size_t>(heads));
+  const int head_offset = static_cast<int>(rng_() % static_cast<uint64_t>(H));
+  for (int k = 0; k < heads; ++k) head_ids[k] = (head_offset + k * H / heads) % H;
+  res.rows_checked = static_cast<int64_t>(rows.size());
+  res.heads_checked = heads;
+
+  // Keys of every entry from the KV model, and the cache read back compared with it.
+  const TensorView cache = pool.layer_cache(layer);
+  MLA_CHECK_ARG(cache.dtype == DType::kBF16, "sim check: only a bf16 cache is supported, got {}",
+                dtype_name(cache.dtype));
+  std::vector<bf16> cache_host(static_cast<std::size_t>(cache.numel()));
+  MLA_RETURN_IF_ERROR(rt->copy_to_host(cache_host.data(), cache.data, cache.bytes(), nullptr));
+  const std::vector<SlotSource>& model = kv_model_[static_cast<std::size_t>(layer)];
+  const int page = pool.config().page_size;
+  int32_t max_kv = 1;
+  for (int b = 0; b < bs; ++b) max_kv = std::max(max_kv, batch.kv_len(b));
+  std::vector<int32_t> table(static_cast<std::size_t>(bs) * max_kv, 0);
+  std::vector<float> keys;
+  int32_t next = 0;
+  for (int b = 0; b < bs; ++b) {
+    const int row = batch.req_pool_indices[static_cast<std::size_t>(b)];
+    for (int32_t p = 0; p < batch.kv_len(b); ++p) {
+      const int32_t slot = pool.slot(row, p);
+      MLA_CHECK_ARG(slot >= page && slot < static_cast<int64_t>(model.size()),
+                    "sim check: entry {} position {} maps to slot {} (no slot, or the dummy page)",
+                    b, p, slot);
+      const SlotSource& src = model[static_cast<std::size_t>(slot)];
+      if (src.c_kv < 0) {
+        return internal_error("sim check: entry {} position {} (slot {}) was never written by the "
+                              "simulation",
+                              b, p, slot);
+      }
+      table[static_cast<std::size_t>(b) * max_kv + p] = next++;
+      const bf16* stored = cache_host.data() + static_cast<std::size_t>(slot) * 576;
+      bool same = true;
+      for (int d = 0; d < 576; ++d) {
+        const bf16 want = noise_host_[static_cast<std::size_t>(
+            d < 512 ? src.c_kv + d : src.k_pe + (d - 512))];
+        keys.push_back(want.to_float());
+        same = same && stored[d].bits == want.bits;
+      }
+      ++res.kv_slots_checked;
+      if (!same && res.kv_mismatches++ == 0) {
+        res.kv_error = fmt::format("entry {} position {}: slot {} does not hold the token the "
+                                   "simulation wrote there",
+                                   b, p, slot);
+      }
+    }
+  }
+  res.entries_checked = 0;
+  for (int b = 0; b < bs; ++b) res.entries_checked += batch.q_len(b) > 0 ? 1 : 0;
+
+  // The reference of the sampled rows and heads: each row a q_len-1 problem over the keys it sees.
+  const int64_t R = static_cast<int64_t>(rows.size());
+  std::vector<float> q_nope(static_cast<std::size_t>(R * heads * 128));
+  std::vector<float> q_pe(static_cast<std::size_t>(R * heads * 64));
+  std::vector<float> w(static_cast<std::size_t>(heads) * 256 * 512);
+  for (int k = 0; k < heads; ++k) {
+    const std::size_t h = static_cast<std::size_t>(head_ids[k]);
+    for (std::size_t e = 0; e < 256 * 512; ++e) {
+      w[k * 256 * 512 + e] = weight_host_[h * 256 * 512 + e].to_float();
+    }
+  }
+  std::vector<int32_t> req_rows, q_lens, kv_lens;
+  for (int64_t r = 0; r < R; ++r) {
+    const Row& row = rows[static_cast<std::size_t>(r)];
+    for (int k = 0; k < heads; ++k) {
+      const int64_t h = head_ids[k];
+      for (int d = 0; d < 128; ++d) {
+        q_nope[static_cast<std::size_t>((r * heads + k) * 128 + d)] =
+            noise_host_[static_cast<std::size_t>(off_q_ + (row.token * H + h) * 128 + d)]
+                .to_float();
+      }
+      for (int d = 0; d < 64; ++d) {
+        q_pe[static_cast<std::size_t>((r * heads + k) * 64 + d)] =
+            noise_host_[static_cast<std::size_t>(off_qpe_ + (row.token * H + h) * 64 + d)]
+                .to_float();
+      }
+    }
+    req_rows.push_back(row.entry);
+    q_lens.push_back(1);
+    kv_lens.push_back(row.visible);
+  }
   const std::vector<double> q_abs_nope =
-      testing::reference_head_gemm(q_nope, w, T, H, 128, 512, 256 * 512, 512, false);
-  std::vector<float> q_abs(static_cast<std::size_t>(T * H * 576));
-  for (int64_t r = 0; r < T * H; ++r) {
+      testing::reference_head_gemm(q_nope, w, R, heads, 128, 512, 256 * 512, 512, false);
+  std::vector<float> q_abs(static_cast<std::size_t>(R * heads * 576));
+  for (int64_t r = 0; r < R * heads; ++r) {
     for (int d = 0; d < 512; ++d) {
       q_abs[static_cast<std::size_t>(r * 576 + d)] =
           static_cast<float>(q_abs_nope[static_cast<std::size_t>(r * 512 + d)]);
@@ -115,60 +252,48 @@ StatusOr<double> SimLayer::check(const AttentionBackend& backend, const ForwardB
       q_abs[static_cast<std::size_t>(r * 576 + 512 + d)] = q_pe[static_cast<std::size_t>(r * 64 + d)];
     }
   }
-
-  // The keys of every request, gathered into a compact page-size-1 cache.
-  const TensorView cache = pool.layer_cache(layer);
-  MLA_CHECK_ARG(cache.dtype == DType::kBF16, "sim check: only a bf16 cache is supported, got {}",
-                dtype_name(cache.dtype));
-  std::vector<bf16> cache_host(static_cast<std::size_t>(cache.numel()));
-  MLA_RETURN_IF_ERROR(rt->copy_to_host(cache_host.data(), cache.data, cache.bytes(), nullptr));
-  std::vector<int32_t> q_lens, kv_lens, rows;
-  int32_t max_kv = 1;
-  for (int b = 0; b < batch.batch_size; ++b) {
-    q_lens.push_back(batch.q_len(b));
-    kv_lens.push_back(batch.kv_len(b));
-    rows.push_back(b);
-    max_kv = std::max(max_kv, batch.kv_len(b));
-  }
-  std::vector<int32_t> table(static_cast<std::size_t>(batch.batch_size) * max_kv, 0);
-  std::vector<float> keys;
-  int32_t next = 0;
-  for (int b = 0; b < batch.batch_size; ++b) {
-    for (int32_t t = 0; t < kv_lens[static_cast<std::size_t>(b)]; ++t) {
-      const int32_t slot = pool.slot(batch.req_pool_indices[static_cast<std::size_t>(b)], t);
-      MLA_CHECK_ARG(slot >= 0, "sim check: request {} token {} has no slot", b, t);
-      table[static_cast<std::size_t>(b) * max_kv + t] = next++;
-      for (int d = 0; d < 576; ++d) {
-        keys.push_back(cache_host[static_cast<std::size_t>(slot) * 576 + d].to_float());
-      }
-    }
-  }
   testing::AbsorbedRefProblem p;
-  p.num_heads = H;
+  p.num_heads = heads;
   p.page_size = 1;
   p.causal = true;
   p.sm_scale = model_.sm_scale;
   p.row_stride = max_kv;
   p.req_to_token = table;
-  p.req_rows = rows;
+  p.req_rows = req_rows;
   p.q_lens = q_lens;
   p.kv_lens = kv_lens;
   const testing::RefAttention att = testing::reference_absorbed(p, q_abs, keys);
   const std::vector<float> o_lat(att.o.begin(), att.o.end());
   const std::vector<double> ref = testing::reference_head_gemm(
-      o_lat, std::span<const float>(w).subspan(128 * 512), T, H, 512, 128, 256 * 512, 512, true);
+      o_lat, std::span<const float>(w).subspan(128 * 512), R, heads, 512, 128, 256 * 512, 512,
+      true);
 
   std::vector<bf16> o_host(static_cast<std::size_t>(T * H * 128));
   MLA_RETURN_IF_ERROR(rt->copy_to_host(o_host.data(), o_.data(), o_host.size() * sizeof(bf16),
                                        nullptr));
-  double num = 0.0, den = 0.0;
-  for (std::size_t i = 0; i < o_host.size(); ++i) {
-    const double got = o_host[i].to_float();
-    if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
-    num += (got - ref[i]) * (got - ref[i]);
-    den += ref[i] * ref[i];
+  for (int64_t r = 0; r < R; ++r) {
+    const Row& row = rows[static_cast<std::size_t>(r)];
+    double num = 0.0, den = 0.0;
+    bool finite = true;
+    for (int k = 0; k < heads; ++k) {
+      for (int d = 0; d < 128; ++d) {
+        const double got =
+            o_host[static_cast<std::size_t>((row.token * H + head_ids[k]) * 128 + d)].to_float();
+        const double want = ref[static_cast<std::size_t>((r * heads + k) * 128 + d)];
+        finite = finite && std::isfinite(got);
+        num += (got - want) * (got - want);
+        den += want * want;
+      }
+    }
+    const double err = !finite ? std::numeric_limits<double>::infinity()
+                               : (den > 0.0 ? std::sqrt(num / den) : std::sqrt(num));
+    if (res.worst_entry < 0 || !(err <= res.max_rel_err)) {
+      res.max_rel_err = err;
+      res.worst_entry = row.entry;
+      res.worst_row = row.i;
+    }
   }
-  return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+  return res;
 }
 
 }  // namespace mla::cli

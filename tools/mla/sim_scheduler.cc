@@ -50,8 +50,9 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(LatentKvPool* pool, Sched
                          1 + config.speculative_tokens;
     const int64_t need = (peak + pc.page_size - 1) / pc.page_size;
     MLA_CHECK_ARG(need <= pc.num_pages,
-                  "request {} needs {} pages of {} tokens at its peak length {}, the pool has {}",
-                  i, need, pc.page_size, peak, pc.num_pages);
+                  "{} needs {} pages of {} tokens at its peak length {}, the pool has {} "
+                  "(--pool-tokens)",
+                  request_name(requests[i]), need, pc.page_size, peak, pc.num_pages);
   }
   return std::unique_ptr<Scheduler>(new Scheduler(pool, config, std::move(requests)));
 }

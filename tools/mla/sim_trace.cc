@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -33,6 +34,10 @@ Status read_int(const json& obj, std::string_view field, bool required, int line
 }
 
 Status parse_line(std::string_view text, int line, RequestSpec* r) {
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return invalid_argument("trace line {}: a NUL byte at column {} (a trace is JSON text)", line,
+                            nul + 1);
+  }
   json obj = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   MLA_CHECK_ARG(!obj.is_discarded(), "trace line {}: not valid JSON: {}", line,
                 text.substr(0, 80));
@@ -61,6 +66,7 @@ Status parse_line(std::string_view text, int line, RequestSpec* r) {
   r->output_len = static_cast<int32_t>(output);
   r->prefix_group = static_cast<int>(group);
   r->prefix_len = static_cast<int32_t>(prefix);
+  r->line = line;
   return Status::Ok();
 }
 
@@ -90,13 +96,22 @@ StatusOr<std::vector<RequestSpec>> parse_trace(std::string_view text) {
 }
 
 StatusOr<std::vector<RequestSpec>> load_trace(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return invalid_argument("trace file \"{}\" is a directory, not a JSONL file", path);
+  }
   std::ifstream in(path, std::ios::binary);
-  MLA_CHECK_ARG(in.good(), "trace file \"{}\" cannot be opened", path);
+  if (!in.good()) return invalid_argument("trace file \"{}\" cannot be opened", path);
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) return invalid_argument("trace file \"{}\" cannot be read", path);
   auto parsed = parse_trace(ss.str());
   if (!parsed.ok()) {
     return Status(parsed.status().code(), path + ": " + parsed.status().message());
+  }
+  if (parsed->empty()) {
+    return invalid_argument("trace file \"{}\" holds no request ({}); nothing to run", path,
+                            ss.str().empty() ? "it is empty" : "only blank lines and comments");
   }
   return parsed;
 }

@@ -17,7 +17,9 @@ namespace mla::sim {
 // by arrival_step (stable, so lines of one step keep their order) with ids 0..n-1 in that order.
 StatusOr<std::vector<RequestSpec>> parse_trace(std::string_view text);
 
-// Reads and parses a file; a missing or unreadable file is kInvalidArgument naming the path.
+// Reads and parses a file; a missing, unreadable or directory path, a parse error and a file
+// without any request (empty, or comments only) are kInvalidArgument naming the path. A NUL
+// byte inside a line is an error naming the line.
 StatusOr<std::vector<RequestSpec>> load_trace(const std::string& path);
 
 // One trace line for a request (inverse of parse_trace for one line).

@@ -74,24 +74,28 @@ StatusOr<std::vector<RequestSpec>> generate_workload(const WorkloadConfig& c) {
   return out;
 }
 
+std::string request_name(const RequestSpec& r) {
+  return r.line > 0 ? fmt::format("trace line {}", r.line) : fmt::format("request {}", r.id);
+}
+
 Status validate_request(const RequestSpec& r, int32_t max_context_len, int32_t extra_tokens) {
-  MLA_CHECK_ARG(r.arrival_step >= 0, "request {}: arrival_step = {} is negative", r.id,
+  MLA_CHECK_ARG(r.arrival_step >= 0, "{}: arrival_step = {} is negative", request_name(r),
                 r.arrival_step);
-  MLA_CHECK_ARG(r.prompt_len >= 1, "request {}: prompt_len = {} must be >= 1", r.id,
+  MLA_CHECK_ARG(r.prompt_len >= 1, "{}: prompt_len = {} must be >= 1", request_name(r),
                 r.prompt_len);
-  MLA_CHECK_ARG(r.output_len >= 1, "request {}: output_len = {} must be >= 1", r.id,
+  MLA_CHECK_ARG(r.output_len >= 1, "{}: output_len = {} must be >= 1", request_name(r),
                 r.output_len);
-  MLA_CHECK_ARG(r.prefix_group >= 0, "request {}: prefix_group = {} is negative", r.id,
+  MLA_CHECK_ARG(r.prefix_group >= 0, "{}: prefix_group = {} is negative", request_name(r),
                 r.prefix_group);
   MLA_CHECK_ARG(r.prefix_len >= 0 && r.prefix_len < r.prompt_len,
-                "request {}: prefix_len = {} must be in 0..prompt_len - 1 = {}", r.id,
+                "{}: prefix_len = {} must be in 0..prompt_len - 1 = {}", request_name(r),
                 r.prefix_len, r.prompt_len - 1);
   MLA_CHECK_ARG(r.prefix_group != 0 || r.prefix_len == 0,
-                "request {}: prefix_len = {} needs a prefix_group > 0", r.id, r.prefix_len);
+                "{}: prefix_len = {} needs a prefix_group > 0", request_name(r), r.prefix_len);
   const int64_t peak = static_cast<int64_t>(r.prompt_len) + r.output_len - 1 + extra_tokens;
   MLA_CHECK_ARG(peak <= max_context_len,
-                "request {}: prompt_len + output_len - 1 + {} = {} exceeds max_context_len = {}",
-                r.id, extra_tokens, peak, max_context_len);
+                "{}: prompt_len + output_len - 1 + {} = {} exceeds max_context_len = {} (--max-context-len)",
+                request_name(r), extra_tokens, peak, max_context_len);
   return Status::Ok();
 }
 

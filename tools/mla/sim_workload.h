@@ -19,7 +19,11 @@ struct RequestSpec {
   int32_t output_len = 1;   // tokens to generate, >= 1 (the first comes from the prefill)
   int prefix_group = 0;     // 0 = no shared prefix; requests of one group share a system prompt
   int32_t prefix_len = 0;   // tokens of the shared system prompt (< prompt_len), 0 if group 0
+  int line = 0;             // trace line it came from (1-based); 0 = generated
 };
+
+// How errors name a request: "trace line 7" for a traced one, else "request 3".
+std::string request_name(const RequestSpec& r);
 
 // The embedded default workload. Distributions (all seeded from `seed`):
 //  - arrivals: a Poisson process, exponential gaps of mean 1 / arrival_rate steps; the first
