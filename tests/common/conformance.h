@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,6 +66,9 @@ struct ConformanceCase {
   // (>= 1), so plans into a larger graph-sized buffer are covered too.
   int capacity_factor = 1;
 };
+
+// GoogleTest prints a parameterised case by this (its name and seed), not as a byte dump.
+void PrintTo(const ConformanceCase& c, std::ostream* os);
 
 // Base seed: MLA_TEST_SEED from the environment if set (decimal), else 20261202.
 uint64_t base_seed();

@@ -616,6 +616,10 @@ StatusOr<bool> run_twice_bitwise_equal(const OpSet& ops, const ConformanceCase& 
   return true;
 }
 
+void PrintTo(const ConformanceCase& c, std::ostream* os) {
+  *os << c.name << " (seed " << c.seed << ")";
+}
+
 std::string describe_result(const CaseResult& r) {
   if (r.skipped) return fmt::format("SKIP {} ({})", r.name, r.skip_reason);
   if (!r.passed) return fmt::format("FAIL {}: {}", r.name, r.message);

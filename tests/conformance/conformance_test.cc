@@ -16,6 +16,11 @@ struct Param {
   ConformanceCase c;
 };
 
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.set_name << ": ";
+  PrintTo(p.c, os);
+}
+
 std::vector<Param> params(ConformanceScope scope, bool only_extra_over_full) {
   std::set<std::string> full_names;
   if (only_extra_over_full) {

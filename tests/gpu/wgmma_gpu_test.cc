@@ -28,6 +28,11 @@ struct ProbeCase {
   bool trans_b, rs;
 };
 
+void PrintTo(const ProbeCase& p, std::ostream* os) {
+  *os << "n " << p.n << ", k " << p.k << (p.trans_b ? ", B transposed" : "")
+      << (p.rs ? ", A in registers" : "");
+}
+
 class WgmmaPrimitives : public ::testing::TestWithParam<ProbeCase> {};
 
 TEST_P(WgmmaPrimitives, MatchesCpuProduct) {

@@ -26,6 +26,10 @@ struct PropertyParam {
   uint32_t seed;
 };
 
+void PrintTo(const PropertyParam& p, std::ostream* os) {
+  *os << "page_size " << p.page_size << ", seed " << p.seed;
+}
+
 class KvPoolProperty : public ::testing::TestWithParam<PropertyParam> {
  protected:
   void SetUp() override {
