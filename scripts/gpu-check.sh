@@ -9,6 +9,9 @@
 #   GPU_SKIP_TESTS=1 / GPU_SKIP_SANITIZER=1 / GPU_SKIP_BENCH=1 / GPU_SKIP_INTEGRATION=1,
 #   GPU_SANITIZER_FILTER, GPU_AB="label|dir;label2|dir2" (A/B builds: for each, the absorbed
 #   tests and the quick decode grid with dir/mla_gpu_tests and dir/mla, rows tagged "variant").
+#   GPU_SANITIZE_ALL=1 (the whole GPU suite under memcheck, racecheck, initcheck and synccheck,
+#   each bounded by GPU_SANITIZE_TIMEOUT seconds, default 130; tools in GPU_SANITIZE_TOOLS, filter
+#   GPU_SANITIZE_FILTER, default *).
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
 carry="${CARRY:-$root/.carry/gpu}"
@@ -46,6 +49,42 @@ if [ "${GPU_SKIP_SANITIZER:-0}" != 1 ]; then
     echo "racecheck rc=$?"
   } > "$OUT/sanitizer.log" 2>&1
   summary+=("sanitizer  $(grep -E '^(memcheck|racecheck) rc=' "$OUT/sanitizer.log" | tr '\n' ' ')$(grep -m1 -E 'ERROR SUMMARY' "$OUT/sanitizer.log")")
+fi
+
+# The whole GPU suite under each compute-sanitizer tool (issue 13), each run bounded in time so
+# that the four fit one device call (4 x 130 s by default). Per tool: the errors reported, the
+# tests that finished and whether the time limit cut the run short. The error count is the
+# tool's ERROR SUMMARY when it got that far, else the error reports in its log so far.
+if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
+  sfilt="${GPU_SANITIZE_FILTER:-*}"
+  for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    log="/tmp/mla_sanitize_$tool.log"  # appended to $OUT/sanitize_all.log (8 files at most)
+    extra=()
+    [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+    [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
+    start=$SECONDS
+    timeout -s INT -k 15 "${GPU_SANITIZE_TIMEOUT:-130}" compute-sanitizer --tool "$tool" \
+      "${extra[@]}" --print-limit 100 --error-exitcode 9 "$tests" --gtest_filter="$sfilt" \
+      --gtest_brief=0 > "$log" 2>&1
+    rc=$?
+    secs=$((SECONDS - start))
+    errors="$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -n 1)"
+    if [ -z "$errors" ]; then
+      errors="$(grep -cE '^========= (Invalid|Uninitialized|Error|Warning|Barrier|Program hit|Race|Cuda API|Host API|Unused|Misaligned|Out of)' "$log")"
+      errors="$errors so far"
+    fi
+    hazards="$(grep -m1 -E 'RACECHECK SUMMARY' "$log" | sed 's/^========= //')"
+    ran=$(grep -c '^\[ RUN      \]' "$log")
+    ok=$(grep -c '^\[       OK \]' "$log")
+    bad=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$log")
+    state="finished"
+    { [ $rc -eq 124 ] || [ $rc -eq 130 ] || [ $rc -eq 137 ] || ! grep -q 'tests ran' "$log"; } && \
+      state="TIME LIMIT (${GPU_SANITIZE_TIMEOUT:-130} s)"
+    summary+=("$(printf 'sanitize   %-9s errors=%s rc=%s %ss tests run=%s ok=%s failed=%s %s %s' \
+      "$tool" "$errors" "$rc" "$secs" "$ran" "$ok" "$bad" "$state" "$hazards")")
+    { echo "==== compute-sanitizer --tool $tool ($sfilt): rc=$rc, ${secs}s"; cat "$log"; } \
+      >> "$OUT/sanitize_all.log"
+  done
 fi
 
 if command -v cuobjdump > /dev/null; then

@@ -61,10 +61,17 @@ class SharedWorkspace {
   const std::string& env_var() const { return spec_.env_var; }
   void* data() const { return buffer_.data(); }
   std::size_t bytes() const { return buffer_.bytes(); }
+  // One user at a time: backends hold this lock while their ops run on the workspace. Two
+  // backends of one family on two threads otherwise carve the same per-worker scratch and
+  // write it at once (the cpu ops finish before the lock is released). On cuda the lock orders
+  // the issue of the work, not its execution: users on different streams must still order those
+  // streams (docs/reliability.md).
+  std::unique_lock<std::mutex> lock_for_use() const { return std::unique_lock<std::mutex>(use_mu_); }
 
  private:
   WorkspaceSpec spec_;
   DeviceBuffer buffer_;
+  mutable std::mutex use_mu_;
 };
 
 class WorkspaceRegistry {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,8 @@ class BackendBase : public AttentionBackend {
   // The workspace the ops of a batch use: at least `needed` bytes (kOutOfWorkspace otherwise,
   // or grown for on-demand families).
   virtual StatusOr<WorkspaceView> op_workspace(std::size_t needed) = 0;
+  // Exclusive use of a shared workspace while a layer's ops run (empty for owned workspaces).
+  virtual std::unique_lock<std::mutex> lock_op_workspace() { return {}; }
   // Bytes at the start of the workspace that the ops never touch (chunked_mla's counters).
   virtual std::size_t reserved_workspace_bytes() const { return 0; }
   // Scratch the absorbed op gets for a capacity (ondemand_mla sizes its split-KV partials).

@@ -51,11 +51,13 @@ Status BackendBase::forward_decode(const AttentionInputs& in, const AttentionOut
   MLA_CHECK_ARG(method_ == ForwardMethod::kAbsorbed,
                 "{}: forward_decode needs an absorbed plan, the batch was planned for {}", name_,
                 forward_method_name(method_));
+  const auto lock = lock_op_workspace();  // the shared workspace: one user at a time
   return run_absorbed(in, out, ctx);
 }
 
 Status BackendBase::forward_extend(const AttentionInputs& in, const AttentionOutputs& out,
                                    const ExecContext& ctx) {
+  const auto lock = lock_op_workspace();
   if (method_ == ForwardMethod::kAbsorbed) return run_absorbed(in, out, ctx);
   return run_mha(in, out, ctx);
 }

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <thread>
 
+#include "mla/fault_injection.h"
+
 namespace mla {
 namespace {
 
@@ -26,19 +28,33 @@ class CpuRuntime final : public DeviceRuntime {
     return p;
   }
   void free(int, void* p) override { std::free(p); }
+  // Copies and memsets count as fault-injection events (mla/fault_injection.h), so the error
+  // paths of their callers are tested on the cpu as a failing cuda copy would exercise them.
   Status memset(void* dst, int value, std::size_t bytes, void*) override {
+    if (fault_injection::should_fail(fault_injection::Site::kCopy)) {
+      return fault_injection::injected(fault_injection::Site::kCopy, "cpu memset");
+    }
     if (bytes) std::memset(dst, value, bytes);
     return Status::Ok();
   }
   Status copy_to_device(void* dst, const void* src, std::size_t bytes, void*) override {
+    if (fault_injection::should_fail(fault_injection::Site::kCopy)) {
+      return fault_injection::injected(fault_injection::Site::kCopy, "cpu copy_to_device");
+    }
     if (bytes) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
   Status copy_to_host(void* dst, const void* src, std::size_t bytes, void*) override {
+    if (fault_injection::should_fail(fault_injection::Site::kCopy)) {
+      return fault_injection::injected(fault_injection::Site::kCopy, "cpu copy_to_host");
+    }
     if (bytes) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
   Status copy_device(void* dst, const void* src, std::size_t bytes, void*) override {
+    if (fault_injection::should_fail(fault_injection::Site::kCopy)) {
+      return fault_injection::injected(fault_injection::Site::kCopy, "cpu copy_device");
+    }
     if (bytes) std::memmove(dst, src, bytes);
     return Status::Ok();
   }
@@ -185,6 +201,11 @@ StatusOr<DeviceBuffer> DeviceBuffer::allocate(Device device, std::size_t bytes, 
   if (rt == nullptr || device.index < 0 || device.index >= rt->device_count()) {
     return unsupported("allocation '{}' ({} bytes): device {} is not available", name, bytes,
                        device.to_string());
+  }
+  if (fault_injection::should_fail(fault_injection::Site::kAllocation)) {
+    return fault_injection::injected(
+        fault_injection::Site::kAllocation,
+        fmt::format("allocation '{}' of {} bytes on {}", name, bytes, device.to_string()));
   }
   auto p = rt->malloc(device.index, bytes);
   if (!p.ok()) {

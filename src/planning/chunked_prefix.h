@@ -32,10 +32,14 @@ struct ChunkedPrefixPlan {
   }
 };
 
+// Most chunk entries (chunks x batch size) a plan may hold: 4M, ~100 MB of plan arrays.
+inline constexpr int64_t kMaxChunkPlanEntries = int64_t{1} << 22;
+
 // Lengths only: L, C, len, cu_len, max_len, num_tokens, has_zero_kv, kv_offsets.
 //   L = capacity / bs; C = ceil(max_b prefix[b] / L) (0 when no prefix)
 //   len[c, b] = max(min(prefix[b], c*L + L) - c*L, 0)
-// kInvalidArgument when capacity < batch size (L would be 0) or a prefix is negative.
+// kInvalidArgument when capacity < batch size (L would be 0), a prefix is negative, or the plan
+// would hold more than kMaxChunkPlanEntries chunk entries. Writes nothing on error.
 Status plan_chunked_prefix(std::span<const int32_t> prefix_lens, int64_t capacity,
                            ChunkedPrefixPlan* plan);
 

@@ -53,6 +53,9 @@ class ChunkedMlaBackend : public BackendBase {
   ChunkedMlaBackend(std::string name, const BackendContext& ctx, const OpSet* ops)
       : BackendBase(std::move(name), ctx, ops) {}
   StatusOr<WorkspaceView> op_workspace(std::size_t needed) override;
+  std::unique_lock<std::mutex> lock_op_workspace() override {
+    return workspace_ ? workspace_->lock_for_use() : std::unique_lock<std::mutex>();
+  }
   std::size_t reserved_workspace_bytes() const override;
   // ondemand_mla runs its fallback on its own absorbed path instead of a paged_mla parent.
   virtual bool falls_back_locally() const { return false; }

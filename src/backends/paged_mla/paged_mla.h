@@ -35,6 +35,9 @@ class PagedMlaBackend : public BackendBase {
 
  protected:
   StatusOr<WorkspaceView> op_workspace(std::size_t needed) override;
+  std::unique_lock<std::mutex> lock_op_workspace() override {
+    return workspace_ ? workspace_->lock_for_use() : std::unique_lock<std::mutex>();
+  }
 
  private:
   PagedMlaBackend(std::string name, const BackendContext& ctx, const OpSet* ops)

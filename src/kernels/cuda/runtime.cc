@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.h"
+#include "mla/fault_injection.h"
 #include "mla/memory.h"
 
 namespace mla {
@@ -31,6 +32,9 @@ bool sync_check_enabled() {
 
 Status check_launch(std::string_view kernel, cudaStream_t stream, const char* file, int line) {
   cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess && fault_injection::should_fail(fault_injection::Site::kLaunch)) {
+    err = cudaErrorLaunchFailure;  // as if the launch had failed (test hook)
+  }
   if (err != cudaSuccess) {
     return cuda_status(err, fmt::format("launch of {}", kernel), file, line);
   }
@@ -118,6 +122,9 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   Status memset(void* dst, int value, std::size_t bytes, void* stream) override {
+    if (fault_injection::should_fail(fault_injection::Site::kCopy)) {
+      return fault_injection::injected(fault_injection::Site::kCopy, "cudaMemsetAsync");
+    }
     if (bytes == 0) return Status::Ok();
     MLA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, as_stream(stream)));
     return Status::Ok();
@@ -186,6 +193,9 @@ class CudaRuntime final : public DeviceRuntime {
     return Status::Ok();
   }
   Status copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, void* stream) {
+    if (fault_injection::should_fail(fault_injection::Site::kCopy)) {
+      return fault_injection::injected(fault_injection::Site::kCopy, "cudaMemcpyAsync");
+    }
     if (bytes == 0) return Status::Ok();
     MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, as_stream(stream)));
     return Status::Ok();

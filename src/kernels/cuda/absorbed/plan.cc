@@ -501,7 +501,10 @@ __attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, Pla
 PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
   PlanLayout l;
   l.num_ctas = num_ctas;
-  const int64_t heads = std::max(cap.num_heads, 1);
+  // num_heads 0 in a capacity means any supported head count: size for the most (128). Sizing
+  // for 1 head let a 16..128-head problem overflow the units and fail with kInternal (found by
+  // the absorbed_plan fuzz target).
+  const int64_t heads = cap.num_heads > 0 ? cap.num_heads : 128;
   const int64_t min_rows = std::min<int64_t>(kMaxRows, std::max<int64_t>(16, heads));
   const int64_t max_tiles =
       (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) / min_rows +
@@ -509,7 +512,7 @@ PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
   l.max_units = max_tiles + num_ctas;
   l.max_combines = num_ctas;
   l.cta_begin_offset = align_up(sizeof(PlanHeader));
-  l.units_offset = l.cta_begin_offset + align_up(sizeof(int32_t) * (num_ctas + 1));
+  l.units_offset = l.cta_begin_offset + align_up(sizeof(int32_t) * (int64_t{num_ctas} + 1));
   l.combines_offset = l.units_offset + align_up(sizeof(WorkUnit) * l.max_units);
   l.bytes = l.combines_offset + align_up(sizeof(CombineUnit) * l.max_combines);
   return l;
@@ -532,7 +535,10 @@ int rows_per_tile(int num_heads, int max_q_len) {
 StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& cap, int num_ctas,
                                  std::span<std::byte> host_plan) {
   const int bs = static_cast<int>(p.req_rows.size());
-  MLA_CHECK_ARG(num_ctas > 0, "num_ctas = {} must be positive", num_ctas);
+  // A grid of more than 2^20 CTAs is no GPU's; the bound keeps the layout arithmetic in range
+  // (num_ctas = INT32_MAX overflowed it: found by the absorbed_plan fuzz target).
+  MLA_CHECK_ARG(num_ctas > 0 && num_ctas <= (1 << 20), "num_ctas = {} must be in 1..{}", num_ctas,
+                1 << 20);
   MLA_CHECK_ARG(is_supported_head_count(p.num_heads), "num_heads = {} (supported: 16, 32, 64, 128)",
                 p.num_heads);
   MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
@@ -641,6 +647,9 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     total_cost = 0;
     for (int b = 0; b < bs; ++b) {
       const int32_t ql = q_lens[b], kl = kv_lens[b];
+      // No rows, no tiles; and kl - ql + 1 would overflow for kl = INT32_MAX (found by the
+      // absorbed_plan fuzz target).
+      if (ql == 0) continue;
       const int64_t rows = int64_t{ql} * heads;
       const bool shifted = causal && kl > 0;
       const int32_t extent0 = shifted ? kl - ql + 1 : kl;
