@@ -33,6 +33,8 @@ std::string name_of(const Scenario& s) {
          (s.graph ? "+graph" : "");
 }
 
+void PrintTo(const Scenario& s, std::ostream* os) { *os << name_of(s); }
+
 struct Outcome {
   Status status;
   std::string where;                     // the call that failed
