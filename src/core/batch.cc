@@ -8,6 +8,7 @@
 #include "mla/batch.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "mla/kv_pool.h"
@@ -318,7 +319,8 @@ void finalize_batch(ForwardBatch& batch) {
   if (!empty) return;
   if (batch.mode == ForwardMode::kDecode) {
     for (int32_t s : batch.seq_lens) {
-      batch.extend_prefix_lens.push_back(s - 1);
+      // Runs before validation: a bad seq_lens (even INT32_MIN) stays bad, never overflows.
+      batch.extend_prefix_lens.push_back(s == std::numeric_limits<int32_t>::min() ? s : s - 1);
       batch.extend_seq_lens.push_back(1);
     }
   } else if (batch.mode == ForwardMode::kTargetVerify) {
