@@ -125,7 +125,9 @@ void BM_Plan(benchmark::State& state) {
       plans ? static_cast<double>(g_allocs.load() - a0) / static_cast<double>(plans) : 0.0;
   state.counters["median_plan_ns"] = backend->median_plan_ns();
   state.SetLabel(fmt::format("{} {} bs={} method={}", name,
-                             mode == 0 ? "decode" : mode == 1 ? "extend+prefix" : "graph-replay",
+                             mode == 0   ? "decode"
+                             : mode == 1 ? "extend+prefix"
+                                         : "graph-replay",
                              bs, forward_method_name(backend->forward_method())));
   release(batch);
 }

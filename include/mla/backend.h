@@ -40,27 +40,27 @@ struct BackendOptions {
   // pass is chunked instead beyond it). The buffer also holds 4 bytes per prefix token (slot
   // list) and H * 260 bytes per new token of the batch (chunk partial outputs).
   std::size_t mha_chunk_kv_budget_bytes = std::size_t{512} << 20;
-  int64_t mha_prefix_threshold = 8192;       // paged_mla: sum(prefix) at which MHA is used
+  int64_t mha_prefix_threshold = 8192;  // paged_mla: sum(prefix) at which MHA is used
   // 0 = from the environment (MLA_PAGED_WORKSPACE_BYTES / MLA_CHUNKED_WORKSPACE_BYTES) or default.
   std::size_t paged_workspace_bytes = 0;
   std::size_t chunked_workspace_bytes = 0;
-  int max_batch = 256;          // eager capacity; graph capacity comes from init_cuda_graph_state
-  int max_q_len = 8;            // longest decode/verify q_len planned for
+  int max_batch = 256;  // eager capacity; graph capacity comes from init_cuda_graph_state
+  int max_q_len = 8;    // longest decode/verify q_len planned for
 };
 
 // Inputs of one layer's attention call. Only the fields of the chosen form need to be set.
 struct AttentionInputs {
   int layer = 0;
-  TensorView c_kv;        // bf16 [T, 512] new tokens' latent rows (row stride may be larger)
-  TensorView k_pe;        // bf16 [T, 64]  new tokens' rotated k_pe
+  TensorView c_kv;  // bf16 [T, 512] new tokens' latent rows (row stride may be larger)
+  TensorView k_pe;  // bf16 [T, 64]  new tokens' rotated k_pe
   bool save_kv_cache = true;
   // absorbed form
   TensorView q_absorbed;  // bf16 [T, H, 576] = [q_nope @ W_UK | q_pe]
   // MHA form
-  TensorView q;           // bf16 [T, H, 192]
-  TensorView k;           // bf16 [T, H, 192] new tokens, up-projected
-  TensorView v;           // bf16 [T, H, 128]
-  TensorView kv_b_proj;   // bf16 [H * 256, 512] to up-project cached prefix rows
+  TensorView q;          // bf16 [T, H, 192]
+  TensorView k;          // bf16 [T, H, 192] new tokens, up-projected
+  TensorView v;          // bf16 [T, H, 128]
+  TensorView kv_b_proj;  // bf16 [H * 256, 512] to up-project cached prefix rows
 };
 
 struct AttentionOutputs {
@@ -74,8 +74,8 @@ struct PlanningStats {
   uint64_t init_forward_metadata_calls = 0;
   uint64_t absorbed_plans = 0;
   uint64_t mha_plans = 0;
-  uint64_t mha_chunk_plans = 0;       // chunked-prefix planner runs
-  uint64_t fallbacks = 0;             // batches that took the parent's absorbed path
+  uint64_t mha_chunk_plans = 0;  // chunked-prefix planner runs
+  uint64_t fallbacks = 0;        // batches that took the parent's absorbed path
   uint64_t graph_replays = 0;
   uint64_t plan_ns_total = 0;
   uint64_t graph_captures = 0;
@@ -95,7 +95,8 @@ class AttentionBackend {
   virtual Status init_forward_metadata(const ForwardBatch& batch) = 0;
   // Prepares the chunked-prefix MHA path. `disable_ragged` is the parent's extra flag
   // (accepted and ignored by backends that do not use it).
-  virtual Status init_mha_chunk_metadata(const ForwardBatch& batch, bool disable_ragged = false) = 0;
+  virtual Status init_mha_chunk_metadata(const ForwardBatch& batch,
+                                         bool disable_ragged = false) = 0;
   // The method layers use for the batch last planned.
   virtual ForwardMethod forward_method() const = 0;
   // The method for a batch, without planning (pure).

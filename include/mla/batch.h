@@ -20,8 +20,8 @@ enum class ForwardMode : uint8_t {
 std::string_view forward_mode_name(ForwardMode m);
 bool parse_forward_mode(std::string_view s, ForwardMode* out);
 inline bool is_extend_like(ForwardMode m) {  // layers call forward_extend for these
-  return m == ForwardMode::kExtend || m == ForwardMode::kMixed ||
-         m == ForwardMode::kTargetVerify || m == ForwardMode::kDraftExtend;
+  return m == ForwardMode::kExtend || m == ForwardMode::kMixed || m == ForwardMode::kTargetVerify ||
+         m == ForwardMode::kDraftExtend;
 }
 
 // Host view of one forward batch. All vectors are host data: planning never reads device memory.
@@ -45,9 +45,9 @@ struct ForwardBatch {
 
 // What the batch is checked against.
 struct BatchLimits {
-  int max_requests = 0;          // req_to_token has max_requests + 1 rows
-  int max_context_len = 0;       // columns of req_to_token
-  int64_t num_slots = 0;         // rows of the latent cache, dummy page included
+  int max_requests = 0;     // req_to_token has max_requests + 1 rows
+  int max_context_len = 0;  // columns of req_to_token
+  int64_t num_slots = 0;    // rows of the latent cache, dummy page included
   int page_size = 1;
   int max_draft_tokens = 8;
 };

@@ -58,13 +58,13 @@ class LatentKvPool {
   Status set_k_scale(int layer, float scale);
 
   // req_to_token: int32 [max_requests + 1, max_context_len]; row 0 is the padding row.
-  TensorView req_to_token() const;                   // device copy, what kernels read
+  TensorView req_to_token() const;  // device copy, what kernels read
   const std::vector<int32_t>& req_to_token_host() const { return req_to_token_host_; }
-  int32_t slot(int row, int token) const;            // host lookup
+  int32_t slot(int row, int token) const;  // host lookup
 
   // Request rows.
-  StatusOr<int> alloc_request();   // a free row in 1..max_requests
-  Status free_request(int row);    // releases its pages and the row
+  StatusOr<int> alloc_request();       // a free row in 1..max_requests
+  Status free_request(int row);        // releases its pages and the row
   int32_t request_len(int row) const;  // tokens with a slot
   // Grows request `row` to `new_len` tokens, allocating pages as needed, updates req_to_token
   // (host and device) and returns the slots of tokens [old_len, new_len) in *new_slots.
@@ -88,7 +88,7 @@ class LatentKvPool {
   std::vector<float> k_scales_;
   DeviceBuffer req_to_token_dev_;
   std::vector<int32_t> req_to_token_host_;
-  std::vector<int32_t> request_lens_;   // [max_requests + 1], -1 = row free
+  std::vector<int32_t> request_lens_;  // [max_requests + 1], -1 = row free
   std::vector<int32_t> free_rows_;
   Status sync_row(int row, int32_t from, int32_t to);  // upload part of one row
 };

@@ -27,8 +27,7 @@ class DeviceRuntime {
   virtual Status memset(void* dst, int value, std::size_t bytes, void* stream) = 0;
   virtual Status copy_to_device(void* dst, const void* src_host, std::size_t bytes,
                                 void* stream) = 0;
-  virtual Status copy_to_host(void* dst_host, const void* src, std::size_t bytes,
-                              void* stream) = 0;
+  virtual Status copy_to_host(void* dst_host, const void* src, std::size_t bytes, void* stream) = 0;
   virtual Status copy_device(void* dst, const void* src, std::size_t bytes, void* stream) = 0;
   // Strided copy of `rows` rows of `row_bytes` bytes (cudaMemcpy2D semantics), device to device.
   // The default issues one copy_device per row; runtimes with a 2-D copy override it.
@@ -37,8 +36,8 @@ class DeviceRuntime {
                                 void* stream) {
     for (std::size_t r = 0; r < rows; ++r) {
       MLA_RETURN_IF_ERROR(copy_device(static_cast<std::byte*>(dst) + r * dst_pitch,
-                                      static_cast<const std::byte*>(src) + r * src_pitch,
-                                      row_bytes, stream));
+                                      static_cast<const std::byte*>(src) + r * src_pitch, row_bytes,
+                                      stream));
     }
     return Status::Ok();
   }

@@ -16,16 +16,16 @@ inline constexpr float kDeepSeekV2LiteSoftmaxScale = 0.114722f;
 
 struct ModelDims {
   std::string name = "deepseek-v3";
-  int num_heads = 128;      // query heads on this rank
-  int kv_lora_rank = 512;   // c_kv width
-  int qk_rope_dim = 64;     // k_pe / q_pe width
-  int qk_nope_dim = 128;    // q_nope / k_nope width per head
+  int num_heads = 128;     // query heads on this rank
+  int kv_lora_rank = 512;  // c_kv width
+  int qk_rope_dim = 64;    // k_pe / q_pe width
+  int qk_nope_dim = 128;   // q_nope / k_nope width per head
   int v_head_dim = 128;
   int num_layers = 61;
   float sm_scale = kDeepSeekV3SoftmaxScale;  // same scale for both forms
 
   int latent_dim() const { return kv_lora_rank + qk_rope_dim; }  // 576
-  int head_dim_qk() const { return qk_nope_dim + qk_rope_dim; }   // 192
+  int head_dim_qk() const { return qk_nope_dim + qk_rope_dim; }  // 192
   Status validate() const;
 };
 

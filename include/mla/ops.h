@@ -159,12 +159,12 @@ class KvWriteOp {
 //   v[n, h] =  c_kv[slot_n] @ W_UV[h]^T                   (128)
 // kv_b_proj is bf16 [H * 256, 512]: rows h*256 .. h*256+127 are W_UK[h], the next 128 W_UV[h].
 struct UpProjectArgs {
-  TensorView kv_cache;   // bf16 | fp8 [num_slots, 576]
+  TensorView kv_cache;  // bf16 | fp8 [num_slots, 576]
   float k_scale = 1.0f;
-  TensorView slots;      // i32 [N] on the op's device
-  TensorView kv_b_proj;  // bf16 [H * 256, 512]
-  TensorView k;          // bf16 [N, H, 192] out
-  TensorView v;          // bf16 [N, H, 128] out
+  TensorView slots;           // i32 [N] on the op's device
+  TensorView kv_b_proj;       // bf16 [H * 256, 512]
+  TensorView k;               // bf16 [N, H, 192] out
+  TensorView v;               // bf16 [N, H, 128] out
   void* workspace = nullptr;  // workspace_bytes(N, H) bytes of scratch
   std::size_t workspace_bytes = 0;
 };
@@ -228,7 +228,7 @@ class OpRegistry {
 // Registration hooks, called once by OpRegistry::global().
 void register_cpu_ops(OpRegistry& registry);
 #ifdef MLA_WITH_CUDA
-void register_cuda_ops(OpRegistry& registry);       // also registers the cuda DeviceRuntime
+void register_cuda_ops(OpRegistry& registry);  // also registers the cuda DeviceRuntime
 #endif
 
 }  // namespace mla

@@ -95,10 +95,10 @@ class [[nodiscard]] StatusOr {
 #define MLA_STATUS_CONCAT(a, b) MLA_STATUS_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if it is not OK.
-#define MLA_RETURN_IF_ERROR(expr)                   \
-  do {                                              \
-    ::mla::Status mla_status_ = (expr);             \
-    if (!mla_status_.ok()) return mla_status_;      \
+#define MLA_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::mla::Status mla_status_ = (expr);        \
+    if (!mla_status_.ok()) return mla_status_; \
   } while (0)
 
 // MLA_ASSIGN_OR_RETURN(auto x, make_x()) : unwraps a StatusOr or returns its status.
@@ -123,17 +123,16 @@ template <typename... Args>
 // Argument check: the message is the caller's sentence with its formatted values; the
 // condition's text travels with the Status (Status::failed_check()) for developers.
 //   MLA_CHECK_ARG(seq >= prefix, "seq_lens[{}] = {} < extend_prefix_lens[{}] = {}", i, seq, i, p);
-#define MLA_CHECK_ARG(cond, ...)                                                               \
-  do {                                                                                         \
-    if (!(cond)) [[unlikely]] {                                                                \
-      return ::mla::detail::check_failed(::mla::StatusCode::kInvalidArgument, #cond,            \
-                                         __VA_ARGS__);                                         \
-    }                                                                                          \
+#define MLA_CHECK_ARG(cond, ...)                                                                   \
+  do {                                                                                             \
+    if (!(cond)) [[unlikely]] {                                                                    \
+      return ::mla::detail::check_failed(::mla::StatusCode::kInvalidArgument, #cond, __VA_ARGS__); \
+    }                                                                                              \
   } while (0)
 
-#define MLA_CHECK_CODE(code, cond, ...)                                                        \
-  do {                                                                                         \
-    if (!(cond)) [[unlikely]] {                                                                \
-      return ::mla::detail::check_failed((code), #cond, __VA_ARGS__);                          \
-    }                                                                                          \
+#define MLA_CHECK_CODE(code, cond, ...)                               \
+  do {                                                                \
+    if (!(cond)) [[unlikely]] {                                       \
+      return ::mla::detail::check_failed((code), #cond, __VA_ARGS__); \
+    }                                                                 \
   } while (0)

@@ -13,11 +13,16 @@ enum class DType : uint8_t { kBF16, kF32, kFP8E4M3, kI32, kU8 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kBF16: return 2;
-    case DType::kF32: return 4;
-    case DType::kFP8E4M3: return 1;
-    case DType::kI32: return 4;
-    case DType::kU8: return 1;
+    case DType::kBF16:
+      return 2;
+    case DType::kF32:
+      return 4;
+    case DType::kFP8E4M3:
+      return 1;
+    case DType::kI32:
+      return 4;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }

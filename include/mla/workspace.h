@@ -66,7 +66,9 @@ class SharedWorkspace {
   // write it at once (the cpu ops finish before the lock is released). On cuda the lock orders
   // the issue of the work, not its execution: users on different streams must still order those
   // streams (docs/reliability.md).
-  std::unique_lock<std::mutex> lock_for_use() const { return std::unique_lock<std::mutex>(use_mu_); }
+  std::unique_lock<std::mutex> lock_for_use() const {
+    return std::unique_lock<std::mutex>(use_mu_);
+  }
 
  private:
   WorkspaceSpec spec_;
@@ -141,7 +143,9 @@ class WorkspaceCarver {
       : buffer_name_(buffer_name), measuring_(true) {}
   WorkspaceCarver(std::string_view buffer_name, void* base, std::size_t capacity_bytes,
                   std::string_view env_var = {})
-      : buffer_name_(buffer_name), env_var_(env_var), base_(static_cast<std::byte*>(base)),
+      : buffer_name_(buffer_name),
+        env_var_(env_var),
+        base_(static_cast<std::byte*>(base)),
         capacity_(capacity_bytes) {}
 
   // Next `bytes` bytes at a 256-B aligned offset; nullptr when measuring, when bytes == 0, or

@@ -25,12 +25,23 @@ namespace {
 
 bool to_dtype(at::ScalarType t, DType* out) {
   switch (t) {
-    case at::kBFloat16: *out = DType::kBF16; return true;
-    case at::kFloat: *out = DType::kF32; return true;
-    case at::kFloat8_e4m3fn: *out = DType::kFP8E4M3; return true;
-    case at::kInt: *out = DType::kI32; return true;
-    case at::kByte: *out = DType::kU8; return true;
-    default: return false;
+    case at::kBFloat16:
+      *out = DType::kBF16;
+      return true;
+    case at::kFloat:
+      *out = DType::kF32;
+      return true;
+    case at::kFloat8_e4m3fn:
+      *out = DType::kFP8E4M3;
+      return true;
+    case at::kInt:
+      *out = DType::kI32;
+      return true;
+    case at::kByte:
+      *out = DType::kU8;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -41,7 +52,8 @@ TensorView to_view(const at::Tensor& t, std::string_view name, std::string_view 
   if (!t.defined()) return v;
   DType dt;
   TORCH_CHECK_VALUE(to_dtype(t.scalar_type(), &dt), "mla.", op, ": ", name, " has dtype ",
-                    t.scalar_type(), " (expected bfloat16, float32, float8_e4m3fn, int32 or uint8)");
+                    t.scalar_type(),
+                    " (expected bfloat16, float32, float8_e4m3fn, int32 or uint8)");
   TORCH_CHECK_VALUE(t.dim() <= kMaxDims, "mla.", op, ": ", name, " has ", t.dim(),
                     " dimensions, at most ", kMaxDims, " are supported (shape ", t.sizes(), ")");
   v.data = t.data_ptr();

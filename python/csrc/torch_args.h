@@ -29,7 +29,8 @@ ExecContext exec_context(const at::Device& device);
 // Checks that `t` is a CPU int32 contiguous 1-D tensor; names the argument and what it got.
 void check_host_i32(const at::Tensor& t, std::string_view name, std::string_view op);
 // Checks that every tensor in `ts` is on `device`.
-void check_same_device(const at::Device& device, std::initializer_list<std::pair<const at::Tensor*, const char*>> ts,
+void check_same_device(const at::Device& device,
+                       std::initializer_list<std::pair<const at::Tensor*, const char*>> ts,
                        std::string_view op);
 
 }  // namespace mla::torch_ops

@@ -26,8 +26,8 @@ int narrow_int(int64_t v, std::string_view name, std::string_view op) {
 void check_bytes_tensor(const at::Tensor& t, std::string_view name, std::string_view op) {
   TORCH_CHECK_VALUE(t.scalar_type() == at::kByte, "mla.", op, ": ", name, " has dtype ",
                     t.scalar_type(), ", expected uint8");
-  TORCH_CHECK_VALUE(t.is_contiguous(), "mla.", op, ": ", name,
-                    " must be contiguous, got strides ", t.strides());
+  TORCH_CHECK_VALUE(t.is_contiguous(), "mla.", op, ": ", name, " must be contiguous, got strides ",
+                    t.strides());
 }
 
 // Plans on the host into `staging` (cpu) or straight into `plan` (when plan is on the cpu), then
@@ -36,8 +36,8 @@ template <typename PlanFn>
 void plan_and_upload(const at::Tensor& staging, const at::Tensor& plan, std::size_t plan_bytes,
                      std::string_view op, PlanFn&& plan_fn) {
   check_bytes_tensor(plan, "plan", op);
-  TORCH_CHECK_VALUE(static_cast<std::size_t>(plan.numel()) >= plan_bytes, "mla.", op,
-                    ": plan has ", plan.numel(), " bytes, the capacity needs ", plan_bytes);
+  TORCH_CHECK_VALUE(static_cast<std::size_t>(plan.numel()) >= plan_bytes, "mla.", op, ": plan has ",
+                    plan.numel(), " bytes, the capacity needs ", plan_bytes);
   if (plan.is_cpu()) {
     auto* dst = static_cast<std::byte*>(plan.data_ptr());
     StatusOr<std::size_t> used = plan_fn(std::span<std::byte>(dst, plan_bytes));
@@ -95,8 +95,8 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
   // The lengths are checked here for every op set (the CUDA planner trusts them).
   for (std::size_t b = 0; b < p.q_lens.size(); ++b) {
     const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
-    TORCH_CHECK_VALUE(q >= 0 && kv >= 0, "mla.", op, ": q_lens[", b, "] = ", q, ", kv_lens[",
-                      b, "] = ", kv, " must not be negative");
+    TORCH_CHECK_VALUE(q >= 0 && kv >= 0, "mla.", op, ": q_lens[", b, "] = ", q, ", kv_lens[", b,
+                      "] = ", kv, " must not be negative");
     TORCH_CHECK_VALUE(!causal || kv >= q, "mla.", op, ": causal kv_lens[", b, "] = ", kv,
                       " is below q_lens[", b, "] = ", q);
     TORCH_CHECK_VALUE(q <= cap.max_q_len, "mla.", op, ": q_lens[", b, "] = ", q,
@@ -113,8 +113,13 @@ void absorbed_run(const at::Tensor& q, const at::Tensor& kv_cache, const at::Ten
                   const at::Tensor& lse, double sm_scale, double k_scale) {
   constexpr std::string_view op = "absorbed_run";
   const at::Device dev = q.device();
-  check_same_device(dev, {{&kv_cache, "kv_cache"}, {&req_to_token, "req_to_token"},
-                          {&plan, "plan"}, {&workspace, "workspace"}, {&o, "o"}, {&lse, "lse"}},
+  check_same_device(dev,
+                    {{&kv_cache, "kv_cache"},
+                     {&req_to_token, "req_to_token"},
+                     {&plan, "plan"},
+                     {&workspace, "workspace"},
+                     {&o, "o"},
+                     {&lse, "lse"}},
                     op);
   check_bytes_tensor(plan, "plan", op);
   check_bytes_tensor(workspace, "workspace", op);
@@ -172,9 +177,10 @@ void mha_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
              double sm_scale) {
   constexpr std::string_view op = "mha_run";
   const at::Device dev = q.device();
-  check_same_device(dev, {{&k, "k"}, {&v, "v"}, {&plan, "plan"}, {&workspace, "workspace"},
-                          {&o, "o"}, {&lse, "lse"}},
-                    op);
+  check_same_device(
+      dev,
+      {{&k, "k"}, {&v, "v"}, {&plan, "plan"}, {&workspace, "workspace"}, {&o, "o"}, {&lse, "lse"}},
+      op);
   check_bytes_tensor(plan, "plan", op);
   check_bytes_tensor(workspace, "workspace", op);
   const OpSet& set = op_set_for(dev, op);
@@ -210,8 +216,7 @@ void kv_write(const at::Tensor& c_kv, const at::Tensor& k_pe, const at::Tensor& 
               const at::Tensor& kv_cache, double k_scale) {
   constexpr std::string_view op = "kv_write";
   const at::Device dev = kv_cache.device();
-  check_same_device(dev, {{&c_kv, "c_kv"}, {&k_pe, "k_pe"}, {&out_cache_loc, "out_cache_loc"}},
-                    op);
+  check_same_device(dev, {{&c_kv, "c_kv"}, {&k_pe, "k_pe"}, {&out_cache_loc, "out_cache_loc"}}, op);
   const OpSet& set = op_set_for(dev, op);
   KvWriteArgs a;
   a.c_kv = to_view(c_kv, "c_kv", op);
@@ -234,8 +239,12 @@ void up_project(const at::Tensor& kv_cache, const at::Tensor& slots, const at::T
                 double k_scale) {
   constexpr std::string_view op = "up_project";
   const at::Device dev = kv_cache.device();
-  check_same_device(dev, {{&slots, "slots"}, {&kv_b_proj, "kv_b_proj"},
-                          {&workspace, "workspace"}, {&k, "k"}, {&v, "v"}},
+  check_same_device(dev,
+                    {{&slots, "slots"},
+                     {&kv_b_proj, "kv_b_proj"},
+                     {&workspace, "workspace"},
+                     {&k, "k"},
+                     {&v, "v"}},
                     op);
   check_bytes_tensor(workspace, "workspace", op);
   const OpSet& set = op_set_for(dev, op);
@@ -257,42 +266,52 @@ void up_project(const at::Tensor& kv_cache, const at::Tensor& slots, const at::T
 using namespace mla::torch_ops;  // NOLINT: the registration below names the functions above
 
 TORCH_LIBRARY(mla, m) {
-  m.def("absorbed_sizes(int max_batch, int max_q_tokens, int max_q_len, int num_heads, "
-        "Device device) -> int[]",
-        &absorbed_sizes);
-  m.def("absorbed_plan(Tensor req_rows, Tensor q_lens, Tensor kv_lens, Tensor(a!) staging, "
-        "Tensor(b!) plan, int num_heads, int page_size, bool causal, int max_batch, "
-        "int max_q_tokens, int max_q_len) -> ()");
-  m.def("absorbed_run(Tensor q, Tensor kv_cache, Tensor req_to_token, Tensor plan, "
-        "Tensor(a!) workspace, Tensor(b!) o, Tensor(c!) lse, float sm_scale, float k_scale) -> ()");
-  m.def("mha_sizes(int max_batch, int max_q_tokens, int max_kv_tokens, int max_q_len, "
-        "int num_heads, Device device) -> int[]",
-        &mha_sizes);
-  m.def("mha_plan(Tensor qo_indptr, Tensor kv_indptr, Tensor(a!) staging, Tensor(b!) plan, "
-        "int num_heads, bool causal, int max_batch, int max_q_tokens, int max_kv_tokens, "
-        "int max_q_len) -> ()");
-  m.def("mha_run(Tensor q, Tensor k, Tensor v, Tensor plan, Tensor(a!) workspace, Tensor(b!) o, "
-        "Tensor(c!) lse, float sm_scale) -> ()");
+  m.def(
+      "absorbed_sizes(int max_batch, int max_q_tokens, int max_q_len, int num_heads, "
+      "Device device) -> int[]",
+      &absorbed_sizes);
+  m.def(
+      "absorbed_plan(Tensor req_rows, Tensor q_lens, Tensor kv_lens, Tensor(a!) staging, "
+      "Tensor(b!) plan, int num_heads, int page_size, bool causal, int max_batch, "
+      "int max_q_tokens, int max_q_len) -> ()");
+  m.def(
+      "absorbed_run(Tensor q, Tensor kv_cache, Tensor req_to_token, Tensor plan, "
+      "Tensor(a!) workspace, Tensor(b!) o, Tensor(c!) lse, float sm_scale, float k_scale) -> ()");
+  m.def(
+      "mha_sizes(int max_batch, int max_q_tokens, int max_kv_tokens, int max_q_len, "
+      "int num_heads, Device device) -> int[]",
+      &mha_sizes);
+  m.def(
+      "mha_plan(Tensor qo_indptr, Tensor kv_indptr, Tensor(a!) staging, Tensor(b!) plan, "
+      "int num_heads, bool causal, int max_batch, int max_q_tokens, int max_kv_tokens, "
+      "int max_q_len) -> ()");
+  m.def(
+      "mha_run(Tensor q, Tensor k, Tensor v, Tensor plan, Tensor(a!) workspace, Tensor(b!) o, "
+      "Tensor(c!) lse, float sm_scale) -> ()");
   m.def("merge_state_(Tensor(a!) o_acc, Tensor(b!) lse_acc, Tensor o_b, Tensor lse_b) -> ()");
-  m.def("kv_write(Tensor c_kv, Tensor k_pe, Tensor out_cache_loc, Tensor(a!) kv_cache, "
-        "float k_scale) -> ()");
+  m.def(
+      "kv_write(Tensor c_kv, Tensor k_pe, Tensor out_cache_loc, Tensor(a!) kv_cache, "
+      "float k_scale) -> ()");
   m.def("up_project_workspace_bytes(int max_tokens, int num_heads, Device device) -> int",
         &up_project_workspace_bytes);
-  m.def("up_project(Tensor kv_cache, Tensor slots, Tensor kv_b_proj, Tensor(a!) workspace, "
-        "Tensor(b!) k, Tensor(c!) v, float k_scale) -> ()");
+  m.def(
+      "up_project(Tensor kv_cache, Tensor slots, Tensor kv_b_proj, Tensor(a!) workspace, "
+      "Tensor(b!) k, Tensor(c!) v, float k_scale) -> ()");
 }
 
 // The same functions serve both devices: each picks the op set of its tensors' device.
-#define MLA_TORCH_IMPLS(m)                       \
-  m.impl("absorbed_plan", &absorbed_plan);       \
-  m.impl("absorbed_run", &absorbed_run);         \
-  m.impl("mha_plan", &mha_plan);                 \
-  m.impl("mha_run", &mha_run);                   \
-  m.impl("merge_state_", &merge_state_);         \
-  m.impl("kv_write", &kv_write);                 \
+#define MLA_TORCH_IMPLS(m)                 \
+  m.impl("absorbed_plan", &absorbed_plan); \
+  m.impl("absorbed_run", &absorbed_run);   \
+  m.impl("mha_plan", &mha_plan);           \
+  m.impl("mha_run", &mha_run);             \
+  m.impl("merge_state_", &merge_state_);   \
+  m.impl("kv_write", &kv_write);           \
   m.impl("up_project", &up_project);
 
-TORCH_LIBRARY_IMPL(mla, CPU, m) { MLA_TORCH_IMPLS(m) }
+TORCH_LIBRARY_IMPL(mla, CPU, m){MLA_TORCH_IMPLS(m)}
 #ifdef MLA_TORCH_CUDA
-TORCH_LIBRARY_IMPL(mla, CUDA, m) { MLA_TORCH_IMPLS(m) }
+TORCH_LIBRARY_IMPL(mla, CUDA, m) {
+  MLA_TORCH_IMPLS(m)
+}
 #endif

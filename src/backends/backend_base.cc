@@ -54,8 +54,8 @@ int64_t BackendBase::rows_within(std::size_t budget, int64_t max_rows, int num_h
 }
 
 int64_t BackendBase::chunk_capacity(const BackendOptions& o, const OpSet* ops) {
-  return rows_within(o.mha_chunk_kv_budget_bytes, o.chunked_prefix_capacity, o.model.num_heads,
-                     ops, /*with_slots=*/true);
+  return rows_within(o.mha_chunk_kv_budget_bytes, o.chunked_prefix_capacity, o.model.num_heads, ops,
+                     /*with_slots=*/true);
 }
 
 StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::string_view who) {
@@ -66,8 +66,8 @@ StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::
   MLA_CHECK_ARG(pc.device == o.device, "{}: options.device = {} but the kv pool is on {}", who,
                 o.device.to_string(), pc.device.to_string());
   MLA_CHECK_ARG(pc.latent_dim == o.model.latent_dim() && pc.latent_dim == kLatentDim,
-                "{}: kv pool latent_dim = {} but the model's kv_lora_rank + qk_rope_dim = {}",
-                who, pc.latent_dim, o.model.latent_dim());
+                "{}: kv pool latent_dim = {} but the model's kv_lora_rank + qk_rope_dim = {}", who,
+                pc.latent_dim, o.model.latent_dim());
   MLA_CHECK_ARG(o.max_batch >= 1, "{}: options.max_batch = {} must be >= 1", who, o.max_batch);
   MLA_CHECK_ARG(o.max_q_len >= 1, "{}: options.max_q_len = {} must be >= 1", who, o.max_q_len);
   MLA_CHECK_ARG(o.chunked_prefix_capacity >= 1,
@@ -81,8 +81,8 @@ StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::
   }
   MLA_CHECK_ARG(ops->device == o.device.type, "{}: op set '{}' is not for device {}", who,
                 ops->name, o.device.to_string());
-  const int64_t rows = rows_within(o.mha_chunk_kv_budget_bytes, o.max_batch, o.model.num_heads,
-                                   ops, /*with_slots=*/true);
+  const int64_t rows = rows_within(o.mha_chunk_kv_budget_bytes, o.max_batch, o.model.num_heads, ops,
+                                   /*with_slots=*/true);
   MLA_CHECK_ARG(rows >= o.max_batch,
                 "{}: options.mha_chunk_kv_budget_bytes = {} holds {} up-projected rows of {} "
                 "heads, fewer than max_batch = {} (a prefix chunk needs a row per request)",
@@ -99,9 +99,9 @@ Status BackendBase::validate(const ForwardBatch& batch) const {
 }
 
 BackendBase::PlanTimer::~PlanTimer() {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - t0_)
-                      .count();
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+          .count();
   b_->record_plan_ns(static_cast<uint64_t>(ns));
   // The call's uploads are enqueued: mark their staging buffer as in flight.
   b_->staging_.close(b_->stream_).ignore();
@@ -278,8 +278,8 @@ Status BackendBase::plan_mha_main(ForwardMethod method) {
       }
     }
     MLA_RETURN_IF_ERROR(layout_chunk_scratch(kv_tokens_, kv_tokens_, 0));
-    MLA_RETURN_IF_ERROR(upload(chunk_scratch_.slots, host_.slots.data(),
-                               host_.slots.size() * sizeof(int32_t)));
+    MLA_RETURN_IF_ERROR(
+        upload(chunk_scratch_.slots, host_.slots.data(), host_.slots.size() * sizeof(int32_t)));
   }
   ++stats_.mha_plans;
   return Status::Ok();
@@ -312,15 +312,15 @@ Status BackendBase::plan_mha_chunks() {
                        name_, num_tokens_, prefix_total, capacity, budget, batch_size_);
   }
   MLA_RETURN_IF_ERROR(planning::plan_chunked_prefix(host_.prefix_lens, capacity, &chunks_));
-  MLA_RETURN_IF_ERROR(planning::fill_chunk_kv_indices(
-      host_.req_rows, pool_->req_to_token_host(), pc.max_context_len, pc.page_size, &chunks_));
+  MLA_RETURN_IF_ERROR(planning::fill_chunk_kv_indices(host_.req_rows, pool_->req_to_token_host(),
+                                                      pc.max_context_len, pc.page_size, &chunks_));
   const int C = chunks_.num_chunks;
   chunk_caps_.resize(C);
   chunk_plan_offsets_.resize(C);
   std::size_t total = 0;
   // The ops carve of this batch may already serve the main pass (or an absorbed plan).
-  mha_cap_ = AttnCapacity{batch_size_, num_tokens_, num_tokens_, max_q_len_,
-                          options_.model.num_heads};
+  mha_cap_ =
+      AttnCapacity{batch_size_, num_tokens_, num_tokens_, max_q_len_, options_.model.num_heads};
   std::size_t op_ws = std::max(op->workspace_bytes(mha_cap_), scratch_.op_bytes);
   int64_t max_rows = 0;
   for (int c = 0; c < C; ++c) {
@@ -351,8 +351,8 @@ Status BackendBase::plan_mha_chunks() {
   }
   MLA_RETURN_IF_ERROR(layout_op_scratch(op_ws));
   if (C > 0) {
-    MLA_RETURN_IF_ERROR(layout_chunk_scratch(to_i64(chunks_.kv_indices.size()), max_rows,
-                                             num_tokens_));
+    MLA_RETURN_IF_ERROR(
+        layout_chunk_scratch(to_i64(chunks_.kv_indices.size()), max_rows, num_tokens_));
     MLA_RETURN_IF_ERROR(upload(chunk_scratch_.slots, chunks_.kv_indices.data(),
                                chunks_.kv_indices.size() * sizeof(int32_t)));
   }
@@ -418,9 +418,9 @@ Status BackendBase::init_cuda_graph_state(int max_bs, int64_t max_num_tokens) {
       graph_out_cache_loc_,
       DeviceBuffer::allocate(dev, static_cast<std::size_t>(max_num_tokens) * sizeof(int32_t),
                              name_ + ".graph.out_cache_loc", name_, false));
-  MLA_ASSIGN_OR_RETURN(
-      graph_lse_, DeviceBuffer::allocate(dev, static_cast<std::size_t>(max_num_tokens * H) * 4,
-                                         name_ + ".graph.lse", name_, false));
+  MLA_ASSIGN_OR_RETURN(graph_lse_,
+                       DeviceBuffer::allocate(dev, static_cast<std::size_t>(max_num_tokens * H) * 4,
+                                              name_ + ".graph.lse", name_, false));
   MLA_RETURN_IF_ERROR(layout_op_scratch(absorbed_op_workspace_bytes(graph_cap_)));
   graph_workspace_base_ = scratch_.base;
   // Host vectors big enough that capture and replay never allocate.
@@ -442,8 +442,8 @@ Status BackendBase::plan_graph(const ForwardBatch& batch, int padded_bs) {
   const ForwardMode m = batch.mode;
   MLA_CHECK_ARG(m == ForwardMode::kDecode || m == ForwardMode::kTargetVerify ||
                     m == ForwardMode::kDraftExtend,
-                "{}: graphs capture decode, target_verify and draft_extend batches, not {}",
-                name_, forward_mode_name(m));
+                "{}: graphs capture decode, target_verify and draft_extend batches, not {}", name_,
+                forward_mode_name(m));
   MLA_RETURN_IF_ERROR(validate(batch));
   const int bs = batch.batch_size;
   MLA_CHECK_ARG(padded_bs >= bs && padded_bs <= graph_cap_.max_batch,

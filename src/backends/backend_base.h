@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "mla/backend.h"
 #include "backends/upload_staging.h"
+#include "mla/backend.h"
 #include "mla/workspace.h"
 #include "planning/chunked_prefix.h"
 
@@ -37,8 +37,8 @@ class BackendBase : public AttentionBackend {
   // Bytes of `rows` up-projected rows in mha_chunk_kv: k, v, up-projection scratch (+ slots).
   static std::size_t chunk_rows_bytes(int64_t rows, int num_heads, const OpSet* ops,
                                       bool with_slots);
-  static int64_t rows_within(std::size_t budget, int64_t max_rows, int num_heads,
-                             const OpSet* ops, bool with_slots);
+  static int64_t rows_within(std::size_t budget, int64_t max_rows, int num_heads, const OpSet* ops,
+                             bool with_slots);
 
   std::string_view name() const override { return name_; }
   const BackendOptions& options() const override { return options_; }
@@ -57,8 +57,7 @@ class BackendBase : public AttentionBackend {
 
   Status init_cuda_graph_state(int max_bs, int64_t max_num_tokens) override;
   Status init_forward_metadata_capture_cuda_graph(const ForwardBatch& padded_batch) override;
-  Status init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch,
-                                                 int padded_bs) override;
+  Status init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch, int padded_bs) override;
 
   void set_stream(void* stream) override { stream_ = stream; }
   void* stream() const { return stream_; }
@@ -95,6 +94,7 @@ class BackendBase : public AttentionBackend {
    public:
     explicit PlanTimer(BackendBase* b) : b_(b), t0_(std::chrono::steady_clock::now()) {}
     ~PlanTimer();
+
    private:
     BackendBase* b_;
     std::chrono::steady_clock::time_point t0_;
@@ -121,12 +121,12 @@ class BackendBase : public AttentionBackend {
     std::size_t op_bytes = 0;
     void* base = nullptr;  // workspace base the carve came from
   };
-  struct ChunkScratch {  // carved from mha_chunk_kv_ (grown on demand)
-    int32_t* slots = nullptr;   // [num slots] chunk kv_indices or one-shot gather list
-    void* k = nullptr;          // bf16 [N, H, 192]
-    void* v = nullptr;          // bf16 [N, H, 128]
-    void* o_tmp = nullptr;      // bf16 [T, H, 128]
-    float* lse_tmp = nullptr;   // f32 [T, H]
+  struct ChunkScratch {        // carved from mha_chunk_kv_ (grown on demand)
+    int32_t* slots = nullptr;  // [num slots] chunk kv_indices or one-shot gather list
+    void* k = nullptr;         // bf16 [N, H, 192]
+    void* v = nullptr;         // bf16 [N, H, 128]
+    void* o_tmp = nullptr;     // bf16 [T, H, 128]
+    float* lse_tmp = nullptr;  // f32 [T, H]
     void* up_ws = nullptr;
     std::size_t up_ws_bytes = 0;
   };
@@ -150,8 +150,8 @@ class BackendBase : public AttentionBackend {
   Host host_;
   planning::ChunkedPrefixPlan chunks_;
   int batch_size_ = 0;
-  int64_t num_tokens_ = 0;   // T of the last plan (graph: padded)
-  int64_t kv_tokens_ = 0;    // sum of kv_len
+  int64_t num_tokens_ = 0;  // T of the last plan (graph: padded)
+  int64_t kv_tokens_ = 0;   // sum of kv_len
   int max_q_len_ = 1;
   bool has_prefix_ = false;
   AttnCapacity mha_cap_;
@@ -160,8 +160,8 @@ class BackendBase : public AttentionBackend {
   OpScratch scratch_;
   ChunkScratch chunk_scratch_;
 
-  void* stream_ = nullptr;          // uploads are ordered on it (set_stream)
-  UploadStaging staging_;           // "<name>.upload_staging[0|1]"  pinned host
+  void* stream_ = nullptr;         // uploads are ordered on it (set_stream)
+  UploadStaging staging_;          // "<name>.upload_staging[0|1]"  pinned host
   GrowableBuffer absorbed_plan_;   // "<name>.absorbed_plan"  plan_bytes(batch)
   GrowableBuffer mha_plan_;        // "<name>.mha_plan"  ragged / one-shot plan
   GrowableBuffer mha_chunk_plan_;  // "<name>.mha_chunk_plan"  one plan per prefix chunk

@@ -73,8 +73,8 @@ Status BackendBase::run_absorbed(const AttentionInputs& in, const AttentionOutpu
   if (in.save_kv_cache) MLA_RETURN_IF_ERROR(save_kv_cache(in.layer, in.c_kv, in.k_pe, ctx));
   if (T == 0) return Status::Ok();
   const KvPoolConfig& pc = pool_->config();
-  MLA_CHECK_ARG(in.layer >= 0 && in.layer < pc.num_layers, "{}: layer = {} is outside 0..{}",
-                name_, in.layer, pc.num_layers - 1);
+  MLA_CHECK_ARG(in.layer >= 0 && in.layer < pc.num_layers, "{}: layer = {} is outside 0..{}", name_,
+                in.layer, pc.num_layers - 1);
   AbsorbedArgs args;
   args.q = in.q_absorbed;
   args.kv_cache = pool_->layer_cache(in.layer);
@@ -95,8 +95,7 @@ Status BackendBase::run_up_project(const AttentionInputs& in, const int32_t* slo
   if (op == nullptr) return unsupported("{}: op set '{}' has no up_project op", name_, ops_->name);
   const int64_t H = options_.model.num_heads;
   const Device dev = options_.device;
-  MLA_RETURN_IF_ERROR(
-      expect_tensor(in.kv_b_proj, "kv_b_proj", DType::kBF16, {H * 256, 512}, dev));
+  MLA_RETURN_IF_ERROR(expect_tensor(in.kv_b_proj, "kv_b_proj", DType::kBF16, {H * 256, 512}, dev));
   const KvPoolConfig& pc = pool_->config();
   UpProjectArgs args;
   args.kv_cache = pool_->layer_cache(in.layer);

@@ -9,9 +9,12 @@ namespace mla {
 
 std::string_view forward_method_name(ForwardMethod m) {
   switch (m) {
-    case ForwardMethod::kAbsorbed: return "absorbed";
-    case ForwardMethod::kMhaOneShot: return "mha_one_shot";
-    case ForwardMethod::kMhaChunked: return "mha_chunked";
+    case ForwardMethod::kAbsorbed:
+      return "absorbed";
+    case ForwardMethod::kMhaOneShot:
+      return "mha_one_shot";
+    case ForwardMethod::kMhaChunked:
+      return "mha_chunked";
   }
   return "?";
 }
@@ -29,18 +32,16 @@ StatusOr<std::unique_ptr<AttentionBackend>> upcast(StatusOr<std::unique_ptr<T>> 
 BackendRegistry& BackendRegistry::global() {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry();
-    r->add("paged_mla",
-           "absorbed paged attention for every mode, MHA (ragged / one-shot / chunked prefix) "
-           "for long prefills; shared not-zeroed workspace (FlashInfer-MLA role)",
-           [](const BackendContext& ctx) {
-             return upcast(backends::PagedMlaBackend::create(ctx));
-           });
-    r->add("chunked_mla",
-           "own decode path, chunked-prefix MHA for every extend, zeroed shared workspace, "
-           "fallback to paged_mla's absorbed prefill (TRT-LLM-MLA role)",
-           [](const BackendContext& ctx) {
-             return upcast(backends::ChunkedMlaBackend::create(ctx));
-           });
+    r->add(
+        "paged_mla",
+        "absorbed paged attention for every mode, MHA (ragged / one-shot / chunked prefix) "
+        "for long prefills; shared not-zeroed workspace (FlashInfer-MLA role)",
+        [](const BackendContext& ctx) { return upcast(backends::PagedMlaBackend::create(ctx)); });
+    r->add(
+        "chunked_mla",
+        "own decode path, chunked-prefix MHA for every extend, zeroed shared workspace, "
+        "fallback to paged_mla's absorbed prefill (TRT-LLM-MLA role)",
+        [](const BackendContext& ctx) { return upcast(backends::ChunkedMlaBackend::create(ctx)); });
     r->add("ondemand_mla",
            "chunked_mla's methods with a split-KV workspace allocated on first use and grown "
            "on demand (Tokenspeed role)",

@@ -31,8 +31,8 @@ class UploadStaging {
   Status close(void* stream);
 
   std::size_t capacity(int i) const { return slots_[i].bytes; }
-  uint64_t waits() const { return waits_; }      // event waits before reusing a buffer
-  uint64_t grows() const { return grows_; }      // (re)allocations
+  uint64_t waits() const { return waits_; }  // event waits before reusing a buffer
+  uint64_t grows() const { return grows_; }  // (re)allocations
 
  private:
   struct Slot {
@@ -50,7 +50,7 @@ class UploadStaging {
   Device device_;
   DeviceRuntime* rt_ = nullptr;
   std::array<Slot, 2> slots_{};
-  int current_ = 1;     // slot being filled when open_
+  int current_ = 1;  // slot being filled when open_
   bool open_ = false;
   std::size_t cursor_ = 0;
   uint64_t waits_ = 0, grows_ = 0;

@@ -115,8 +115,10 @@ class RowStamps {
   const int32_t row = batch.req_pool_indices[static_cast<std::size_t>(b)];
   int first = 0;
   while (batch.req_pool_indices[static_cast<std::size_t>(first)] != row) ++first;
-  return make_status(StatusCode::kInvalidArgument, "req_pool_indices[{}] = {} repeats "
-                     "req_pool_indices[{}] (a request may appear once per batch)", b, row, first);
+  return make_status(StatusCode::kInvalidArgument,
+                     "req_pool_indices[{}] = {} repeats "
+                     "req_pool_indices[{}] (a request may appear once per batch)",
+                     b, row, first);
 }
 
 }  // namespace

@@ -21,9 +21,12 @@ int index(Site s) { return static_cast<int>(s); }
 
 std::string_view site_name(Site site) {
   switch (site) {
-    case Site::kAllocation: return "allocation";
-    case Site::kCopy: return "copy";
-    case Site::kLaunch: return "launch";
+    case Site::kAllocation:
+      return "allocation";
+    case Site::kCopy:
+      return "copy";
+    case Site::kLaunch:
+      return "launch";
   }
   return "?";
 }

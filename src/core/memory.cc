@@ -143,7 +143,8 @@ std::vector<AllocationRecord> MemoryLedger::snapshot() const {
 std::size_t MemoryLedger::total_bytes(Device device) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::size_t n = 0;
-  for (const auto& r : live_) if (r.device == device) n += r.bytes;
+  for (const auto& r : live_)
+    if (r.device == device) n += r.bytes;
   return n;
 }
 

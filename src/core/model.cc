@@ -26,9 +26,18 @@ StatusOr<ModelDims> model_preset(std::string_view name) {
   ModelDims m;
   m.name = std::string(name);
   if (name == "deepseek-v3") return m;
-  if (name == "deepseek-v3-tp2") { m.num_heads = 64; return m; }
-  if (name == "deepseek-v3-tp4") { m.num_heads = 32; return m; }
-  if (name == "deepseek-v3-tp8") { m.num_heads = 16; return m; }
+  if (name == "deepseek-v3-tp2") {
+    m.num_heads = 64;
+    return m;
+  }
+  if (name == "deepseek-v3-tp4") {
+    m.num_heads = 32;
+    return m;
+  }
+  if (name == "deepseek-v3-tp8") {
+    m.num_heads = 16;
+    return m;
+  }
   if (name == "deepseek-v2-lite") {
     m.num_heads = 16;
     m.num_layers = 27;

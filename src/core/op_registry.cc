@@ -19,12 +19,14 @@ OpRegistry& OpRegistry::global() {
 void OpRegistry::add(OpSet set) { sets_.push_back(std::make_unique<OpSet>(std::move(set))); }
 
 const OpSet* OpRegistry::find(std::string_view name) const {
-  for (const auto& s : sets_) if (s->name == name) return s.get();
+  for (const auto& s : sets_)
+    if (s->name == name) return s.get();
   return nullptr;
 }
 
 const OpSet* OpRegistry::default_for(DeviceType device) const {
-  for (const auto& s : sets_) if (s->device == device) return s.get();
+  for (const auto& s : sets_)
+    if (s->device == device) return s.get();
   return nullptr;
 }
 

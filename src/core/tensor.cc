@@ -40,13 +40,13 @@ std::string TensorView::describe() const {
 static std::string shape_string(std::initializer_list<int64_t> shape) {
   std::string s;
   int i = 0;
-  for (int64_t d : shape) s += fmt::format("{}{}", i++ ? ", " : "", d < 0 ? std::string("*") : std::to_string(d));
+  for (int64_t d : shape)
+    s += fmt::format("{}{}", i++ ? ", " : "", d < 0 ? std::string("*") : std::to_string(d));
   return s;
 }
 
 Status expect_tensor(const TensorView& t, std::string_view name, DType dtype,
-                     std::initializer_list<int64_t> shape, Device device,
-                     bool require_contiguous) {
+                     std::initializer_list<int64_t> shape, Device device, bool require_contiguous) {
   const auto want = [&] {
     return fmt::format("{}[{}] on {}", dtype_name(dtype), shape_string(shape), device.to_string());
   };
@@ -59,8 +59,8 @@ Status expect_tensor(const TensorView& t, std::string_view name, DType dtype,
   int k = 0;
   for (int64_t d : shape) {
     if (d >= 0 && t.shape[k] != d) {
-      return invalid_argument("{}: dimension {} is {}, expected {} ({} vs {})", name, k,
-                              t.shape[k], d, t.describe(), want());
+      return invalid_argument("{}: dimension {} is {}, expected {} ({} vs {})", name, k, t.shape[k],
+                              d, t.describe(), want());
     }
     if (t.shape[k] < 0) return invalid_argument("{}: negative dimension {}", name, t.shape[k]);
     ++k;

@@ -1,18 +1,23 @@
 #include "mla/types.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 namespace mla {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kBF16: return "bf16";
-    case DType::kF32: return "f32";
-    case DType::kFP8E4M3: return "fp8e4m3";
-    case DType::kI32: return "i32";
-    case DType::kU8: return "u8";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF32:
+      return "f32";
+    case DType::kFP8E4M3:
+      return "fp8e4m3";
+    case DType::kI32:
+      return "i32";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }

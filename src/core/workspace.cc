@@ -9,9 +9,12 @@ namespace mla {
 
 std::string_view workspace_policy_name(WorkspacePolicy p) {
   switch (p) {
-    case WorkspacePolicy::kSharedLazy: return "shared";
-    case WorkspacePolicy::kSharedZeroed: return "shared-zeroed";
-    case WorkspacePolicy::kOnDemand: return "on-demand";
+    case WorkspacePolicy::kSharedLazy:
+      return "shared";
+    case WorkspacePolicy::kSharedZeroed:
+      return "shared-zeroed";
+    case WorkspacePolicy::kOnDemand:
+      return "on-demand";
   }
   return "?";
 }
@@ -26,10 +29,14 @@ StatusOr<std::size_t> resolve_workspace_bytes(std::size_t option_bytes, const ch
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   std::string_view suffix(end, static_cast<std::size_t>(text.data() + text.size() - end));
   uint64_t unit = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") unit = 1ull << 10;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") unit = 1ull << 20;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") unit = 1ull << 30;
-  else if (!suffix.empty()) unit = 0;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    unit = 1ull << 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+    unit = 1ull << 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+    unit = 1ull << 30;
+  else if (!suffix.empty())
+    unit = 0;
   if (ec != std::errc() || unit == 0 || value == 0) {
     return invalid_argument("{} = '{}' is not a positive byte count (e.g. 33554432 or 32M)",
                             env_var, text);
@@ -56,8 +63,8 @@ StatusOr<std::shared_ptr<SharedWorkspace>> WorkspaceRegistry::acquire(const Work
     MLA_CHECK_ARG(e->policy() == spec.policy,
                   "workspace '{}' on {} is {}, but {} asked for it as {} (a zeroed workspace is "
                   "never shared with a user that writes into it)",
-                  spec.name, spec.device.to_string(), workspace_policy_name(e->policy()),
-                  requester, workspace_policy_name(spec.policy));
+                  spec.name, spec.device.to_string(), workspace_policy_name(e->policy()), requester,
+                  workspace_policy_name(spec.policy));
     if (e->bytes() < spec.bytes) {
       return make_status(StatusCode::kOutOfWorkspace,
                          "workspace '{}' on {} was created with {} bytes, but {} needs {} bytes "
@@ -67,11 +74,10 @@ StatusOr<std::shared_ptr<SharedWorkspace>> WorkspaceRegistry::acquire(const Work
     }
     return e;
   }
-  MLA_ASSIGN_OR_RETURN(
-      DeviceBuffer buffer,
-      DeviceBuffer::allocate(spec.device, spec.bytes, spec.name,
-                             fmt::format("shared:{}", requester),
-                             spec.policy == WorkspacePolicy::kSharedZeroed));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                       DeviceBuffer::allocate(spec.device, spec.bytes, spec.name,
+                                              fmt::format("shared:{}", requester),
+                                              spec.policy == WorkspacePolicy::kSharedZeroed));
   entries_.push_back(std::make_shared<SharedWorkspace>(spec, std::move(buffer)));
   return entries_.back();
 }
@@ -87,9 +93,8 @@ std::vector<WorkspaceRegistry::Entry> WorkspaceRegistry::list() const {
 
 bool WorkspaceRegistry::contains(std::string_view name, Device device) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::any_of(entries_.begin(), entries_.end(), [&](const auto& e) {
-    return e->name() == name && e->device() == device;
-  });
+  return std::any_of(entries_.begin(), entries_.end(),
+                     [&](const auto& e) { return e->name() == name && e->device() == device; });
 }
 
 void WorkspaceRegistry::release_all_for_testing() {

@@ -1,16 +1,15 @@
-#include "mla/layer.h"
-
 #include <random>
 #include <vector>
 
+#include "mla/layer.h"
 #include "mla/memory.h"
 
 namespace mla {
 namespace {
 
-constexpr int64_t kNope = 128;   // qk_nope_dim
-constexpr int64_t kRope = 64;    // qk_rope_dim
-constexpr int64_t kRank = 512;   // kv_lora_rank
+constexpr int64_t kNope = 128;  // qk_nope_dim
+constexpr int64_t kRope = 64;   // qk_rope_dim
+constexpr int64_t kRank = 512;  // kv_lora_rank
 constexpr int64_t kLatent = 576;
 constexpr int64_t kQkDim = 192;
 constexpr int64_t kVDim = 128;
@@ -65,20 +64,19 @@ StatusOr<std::unique_ptr<MlaLayer>> MlaLayer::create(const ModelDims& dims, int 
   return layer;
 }
 
-StatusOr<std::unique_ptr<MlaLayer>> MlaLayer::create_random(const ModelDims& dims,
-                                                            int layer_index, Device device,
-                                                            uint64_t seed, float stddev,
-                                                            std::string_view op_set) {
+StatusOr<std::unique_ptr<MlaLayer>> MlaLayer::create_random(const ModelDims& dims, int layer_index,
+                                                            Device device, uint64_t seed,
+                                                            float stddev, std::string_view op_set) {
   MLA_RETURN_IF_ERROR(check_dims(dims));
   const int64_t rows = dims.num_heads * kHeadRows;
   std::vector<bf16> host(static_cast<std::size_t>(rows * kRank));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, stddev);
   for (auto& w : host) w = bf16::from_float(normal(rng));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
-                       DeviceBuffer::allocate(device, host.size() * sizeof(bf16),
-                                              fmt::format("mla_layer{}.kv_b_proj", layer_index),
-                                              "weights", false));
+  MLA_ASSIGN_OR_RETURN(
+      DeviceBuffer buf,
+      DeviceBuffer::allocate(device, host.size() * sizeof(bf16),
+                             fmt::format("mla_layer{}.kv_b_proj", layer_index), "weights", false));
   DeviceRuntime* rt = device_runtime(device.type);
   MLA_RETURN_IF_ERROR(rt->copy_to_device(buf.data(), host.data(), buf.bytes(), nullptr));
   MLA_RETURN_IF_ERROR(rt->synchronize(nullptr));
@@ -122,7 +120,7 @@ Status MlaLayer::forward_absorbed(AttentionBackend& backend, const TensorView& q
   const std::size_t q_bytes = static_cast<std::size_t>(T * H * kLatent) * 2;
   const std::size_t o_lat_bytes = static_cast<std::size_t>(T * H * kRank) * 2;
   MLA_RETURN_IF_ERROR(scratch_.reserve(align_workspace(q_bytes) + o_lat_bytes));
-  void* q_buf = scratch_.data();                                        // bf16 [T, H, 576]
+  void* q_buf = scratch_.data();  // bf16 [T, H, 576]
   void* o_lat = static_cast<std::byte*>(scratch_.data()) + align_workspace(q_bytes);  // [T, H, 512]
 
   HeadGemmArgs up;
@@ -166,9 +164,8 @@ Status MlaLayer::forward_absorbed(AttentionBackend& backend, const TensorView& q
 // Cache write first, then k, v of the new tokens by up-projecting the just-written rows;
 // q = [q_nope | q_pe]; attention -> o.
 Status MlaLayer::forward_mha(AttentionBackend& backend, const TensorView& q_nope,
-                             const TensorView& q_pe, const TensorView& c_kv,
-                             const TensorView& k_pe, const TensorView& o, const TensorView& lse,
-                             const ExecContext& ctx) {
+                             const TensorView& q_pe, const TensorView& c_kv, const TensorView& k_pe,
+                             const TensorView& o, const TensorView& lse, const ExecContext& ctx) {
   if (!ops_->up_project) {
     return unsupported("mla layer: op set '{}' has no up_project", ops_->name);
   }

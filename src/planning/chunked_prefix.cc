@@ -53,7 +53,8 @@ Status plan_chunked_prefix(std::span<const int32_t> prefix_lens, int64_t capacit
     int32_t longest = 0;
     bool zero = false;
     for (int b = 0; b < bs; ++b) {
-      const int64_t len = std::max<int64_t>(std::min<int64_t>(prefix_lens[b], start + L) - start, 0);
+      const int64_t len =
+          std::max<int64_t>(std::min<int64_t>(prefix_lens[b], start + L) - start, 0);
       lens[b] = static_cast<int32_t>(len);
       cu[b + 1] = cu[b] + lens[b];
       longest = std::max(longest, lens[b]);
@@ -74,8 +75,8 @@ Status fill_chunk_kv_indices(std::span<const int32_t> req_rows,
   MLA_CHECK_ARG(static_cast<int>(req_rows.size()) == bs,
                 "req_rows has {} entries, the chunk plan {} requests", req_rows.size(), bs);
   MLA_CHECK_ARG(page_size >= 1, "page_size = {} must be positive", page_size);
-  const int64_t rows = row_stride > 0 ? static_cast<int64_t>(req_to_token_host.size()) / row_stride
-                                      : 0;
+  const int64_t rows =
+      row_stride > 0 ? static_cast<int64_t>(req_to_token_host.size()) / row_stride : 0;
   const int C = plan->num_chunks;
   // Every check before the first write: a rejected call leaves the plan as it was (found by
   // the chunked_prefix fuzz target: kv_indices used to be resized, and earlier chunks filled,

@@ -13,9 +13,9 @@ namespace mla::planning {
 
 struct ChunkedPrefixPlan {
   int batch_size = 0;
-  int64_t capacity = 0;   // tokens per chunk across the batch
-  int64_t chunk_len = 0;  // L = capacity / batch_size (floor)
-  int num_chunks = 0;     // C = ceil(max prefix / L); 0 without a prefix
+  int64_t capacity = 0;              // tokens per chunk across the batch
+  int64_t chunk_len = 0;             // L = capacity / batch_size (floor)
+  int num_chunks = 0;                // C = ceil(max prefix / L); 0 without a prefix
   std::vector<int32_t> lens;         // [C, bs]  len[c, b]
   std::vector<int32_t> cu_len;       // [C, bs + 1]  per chunk [0, cumsum_b len[c, b]]
   std::vector<int32_t> max_len;      // [C]

@@ -5,7 +5,9 @@
 namespace mla::planning {
 namespace {
 
-bool is_plain_extend(ForwardMode m) { return m == ForwardMode::kExtend || m == ForwardMode::kMixed; }
+bool is_plain_extend(ForwardMode m) {
+  return m == ForwardMode::kExtend || m == ForwardMode::kMixed;
+}
 
 int64_t prefix_sum(const ForwardBatch& batch) {
   int64_t sum = 0;
@@ -39,8 +41,7 @@ ForwardMethod choose_forward_method(BackendFamily family, const BackendOptions& 
                                     const ForwardBatch& batch) {
   if (!is_plain_extend(batch.mode)) return ForwardMethod::kAbsorbed;
   if (family != BackendFamily::kPagedMla) {
-    return should_fall_back(options, batch) ? ForwardMethod::kAbsorbed
-                                            : ForwardMethod::kMhaChunked;
+    return should_fall_back(options, batch) ? ForwardMethod::kAbsorbed : ForwardMethod::kMhaChunked;
   }
   if (options.piecewise_cuda_graph) return ForwardMethod::kAbsorbed;
   const bool has_prefix = batch_has_prefix(batch);

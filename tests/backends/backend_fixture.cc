@@ -69,9 +69,9 @@ ForwardBatch make_batch(LatentKvPool& pool, const BatchSpec& spec, Rng& rng) {
   const int bs = static_cast<int>(spec.prefix_lens.size());
   batch.batch_size = bs;
   batch.num_draft_tokens = spec.num_draft_tokens;
-  const bool explicit_extend =
-      spec.mode == ForwardMode::kExtend || spec.mode == ForwardMode::kMixed ||
-      spec.mode == ForwardMode::kDraftExtend;
+  const bool explicit_extend = spec.mode == ForwardMode::kExtend ||
+                               spec.mode == ForwardMode::kMixed ||
+                               spec.mode == ForwardMode::kDraftExtend;
   for (int b = 0; b < bs; ++b) {
     const int row = *pool.alloc_request();
     const int32_t prefix = spec.prefix_lens[b];
@@ -155,8 +155,9 @@ LayerReference reference_layer(const LatentKvPool& pool, int layer, const Forwar
           const int64_t t = t0 + (i - prefix);
           v = d < 512 ? in.c_kv[t * 512 + d].to_float() : in.k_pe[t * 64 + d - 512].to_float();
           if (fp8) {  // what the layer's kv write stores: fp8(value / k_scale), read * k_scale
-            v = static_cast<double>(fp8_e4m3::from_float(static_cast<float>(v) / k_scale)
-                                        .to_float()) * k_scale;
+            v = static_cast<double>(
+                    fp8_e4m3::from_float(static_cast<float>(v) / k_scale).to_float()) *
+                k_scale;
           }
         }
         rows[static_cast<std::size_t>(i) * 576 + d] = v;

@@ -32,8 +32,9 @@ std::unique_ptr<LatentKvPool> make_pool(const PoolSetup& setup);
 // random latent rows (written straight into the cpu cache), and slots for the new tokens.
 struct BatchSpec {
   ForwardMode mode = ForwardMode::kExtend;
-  std::vector<int32_t> prefix_lens;  // cached tokens per request (decode/verify: seq_len - 1 / seq_len)
-  std::vector<int32_t> new_lens;     // extend lengths (decode: 1; verify: num_draft_tokens)
+  std::vector<int32_t>
+      prefix_lens;  // cached tokens per request (decode/verify: seq_len - 1 / seq_len)
+  std::vector<int32_t> new_lens;  // extend lengths (decode: 1; verify: num_draft_tokens)
   int num_draft_tokens = 0;
 };
 ForwardBatch make_batch(LatentKvPool& pool, const BatchSpec& spec, Rng& rng);

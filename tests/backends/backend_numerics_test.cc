@@ -17,12 +17,9 @@ constexpr double kTol = 2e-2;  // ||o - ref|| / ||ref||, bf16 intermediates (q_a
 // (a zero-length prefix among them), mixed.
 std::vector<testing::BatchSpec> every_mode_specs() {
   return {
-      {ForwardMode::kDecode, {0, 17, 40}, {}},
-      {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
-      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}},
-      {ForwardMode::kExtend, {0, 0}, {9, 5}},
-      {ForwardMode::kExtend, {40, 0, 21}, {6, 4, 3}},
-      {ForwardMode::kMixed, {30, 14}, {5, 1}},
+      {ForwardMode::kDecode, {0, 17, 40}, {}},        {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
+      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}},  {ForwardMode::kExtend, {0, 0}, {9, 5}},
+      {ForwardMode::kExtend, {40, 0, 21}, {6, 4, 3}}, {ForwardMode::kMixed, {30, 14}, {5, 1}},
   };
 }
 
@@ -47,8 +44,8 @@ class BackendNumerics : public ::testing::Test {
   }
 
   // Runs the layer and checks o and lse against the reference; returns o.
-  std::vector<float> check(AttentionBackend& b, const ForwardBatch& batch,
-                           testing::LayerInputs& in, const std::string& what) {
+  std::vector<float> check(AttentionBackend& b, const ForwardBatch& batch, testing::LayerInputs& in,
+                           const std::string& what) {
     const testing::LayerReference ref = testing::reference_layer(
         *pool_, 0, batch, in, layer_->kv_b_proj(), options_.model.sm_scale);
     testing::LayerRun run = testing::run_layer(b, *layer_, batch, in);
@@ -93,7 +90,8 @@ TEST_F(BackendNumerics, EveryBackendAndModeMatchesTheReference) {
 
 // The same batch and inputs through every form: absorbed, one-shot MHA, chunked MHA.
 TEST_F(BackendNumerics, EveryForwardMethodAgreesOnTheSameInputs) {
-  ForwardBatch batch = testing::make_batch(*pool_, {ForwardMode::kExtend, {50, 20, 0}, {4, 7, 3}}, rng_);
+  ForwardBatch batch =
+      testing::make_batch(*pool_, {ForwardMode::kExtend, {50, 20, 0}, {4, 7, 3}}, rng_);
   testing::LayerInputs in = testing::random_layer_inputs(batch.num_tokens(), 16, rng_);
   struct Variant {
     const char* backend;
@@ -138,8 +136,8 @@ TEST_F(BackendNumerics, ChunkedPrefixEqualsSinglePassWithZeroLengthChunkRows) {
     testing::BatchSpec spec{ForwardMode::kExtend, {}, {}};
     const int bs = 2 + iter % 3;
     for (int b = 0; b < bs; ++b) {
-      spec.prefix_lens.push_back(static_cast<int32_t>(b == 0 ? rng_.uniform_int(1, 6)
-                                                             : rng_.uniform_int(0, 90)));
+      spec.prefix_lens.push_back(
+          static_cast<int32_t>(b == 0 ? rng_.uniform_int(1, 6) : rng_.uniform_int(0, 90)));
       spec.new_lens.push_back(static_cast<int32_t>(rng_.uniform_int(1, 6)));
     }
     spec.prefix_lens[1] = 80;  // forces chunks where request 0 has no rows
@@ -178,11 +176,13 @@ TEST_F(BackendNumerics, GraphReplayEqualsEagerAndAllocatesNothing) {
     const void* loc = graph->out_cache_loc().data;
     testing::free_batch(*pool_, cap);
     for (int round = 0; round < 3; ++round) {
-      ForwardBatch batch = testing::make_batch(
-          *pool_, {ForwardMode::kDecode, {static_cast<int32_t>(rng_.uniform_int(1, 60)),
-                                          static_cast<int32_t>(rng_.uniform_int(1, 60)),
-                                          static_cast<int32_t>(rng_.uniform_int(1, 60))}, {}},
-          rng_);
+      ForwardBatch batch = testing::make_batch(*pool_,
+                                               {ForwardMode::kDecode,
+                                                {static_cast<int32_t>(rng_.uniform_int(1, 60)),
+                                                 static_cast<int32_t>(rng_.uniform_int(1, 60)),
+                                                 static_cast<int32_t>(rng_.uniform_int(1, 60))},
+                                                {}},
+                                               rng_);
       testing::LayerInputs in = testing::random_layer_inputs(3, 16, rng_);
       testing::LayerRun ref = testing::run_layer(*eager, *layer_, batch, in);
       ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
@@ -241,7 +241,8 @@ TEST_F(BackendNumerics, KScaleIsNotAppliedToABf16Cache) {
   const TensorView cache = pool_->layer_cache(0);
   const int32_t slot = batch.out_cache_loc[1];
   for (int d = 0; d < 512; ++d) {
-    ASSERT_EQ(cache.ptr<bf16>()[static_cast<std::size_t>(slot) * 576 + d].bits, in.c_kv[512 + d].bits);
+    ASSERT_EQ(cache.ptr<bf16>()[static_cast<std::size_t>(slot) * 576 + d].bits,
+              in.c_kv[512 + d].bits);
   }
 }
 
@@ -252,7 +253,7 @@ TEST_F(BackendNumerics, DeviceBytesOutsideKvPoolStayWithinBudget) {
     WorkspaceRegistry::global().release_all_for_testing();
     BackendOptions o = options_;
     o.model.num_heads = 128;
-    o.paged_workspace_bytes = 0;    // defaults
+    o.paged_workspace_bytes = 0;  // defaults
     o.chunked_workspace_bytes = 0;
     o.max_batch = 256;
     const std::size_t before = MemoryLedger::global().total_bytes_excluding_kv_pool(Device::cpu());

@@ -103,7 +103,8 @@ TEST_F(BackendResources, OndemandMlaAllocatesNeitherParentWorkspaceAndGrowsOnDem
   EXPECT_EQ(testing::ledger_bytes("ondemand_mla.workspace"), 0u);  // nothing before first use
   EXPECT_EQ(b.parent(), nullptr);
 
-  const AbsorbedAttentionOp* op = OpRegistry::global().default_for(DeviceType::kCpu)->absorbed.get();
+  const AbsorbedAttentionOp* op =
+      OpRegistry::global().default_for(DeviceType::kCpu)->absorbed.get();
   ASSERT_NE(op, nullptr);
   const int H = ctx_.options.model.num_heads;
   auto need = [&](int bs) { return op->workspace_bytes(AttnCapacity{bs, bs, 0, 1, H}); };

@@ -68,7 +68,7 @@ TEST(ChunkBudget, HundredThousandTokenPrefixStaysWithinTheBudget) {
     EXPECT_GT((*backend)->planning_stats().chunks_planned, 10u) << name;
     const std::size_t buffer = ledger_bytes(std::string(name) + ".mha_chunk_kv");
     EXPECT_GT(buffer, kBudget / 2) << name;  // the budget is used, not a token of it
-    EXPECT_LE(buffer, kBudget) << name;       // slot list and partials included
+    EXPECT_LE(buffer, kBudget) << name;      // slot list and partials included
   }
 }
 

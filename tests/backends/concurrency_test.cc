@@ -48,7 +48,8 @@ std::unique_ptr<Runner> make_runner(const std::string& kind, uint64_t seed) {
   r->layer = std::move(layer).value();
   testing::Rng rng(seed);
   // An extend over cached prefixes (chunked MHA on every family), a decode and a verify.
-  r->batches.push_back(testing::make_batch(*r->pool, {ForwardMode::kExtend, {40, 0}, {7, 12}}, rng));
+  r->batches.push_back(
+      testing::make_batch(*r->pool, {ForwardMode::kExtend, {40, 0}, {7, 12}}, rng));
   r->batches.push_back(testing::make_batch(*r->pool, {ForwardMode::kDecode, {30, 61, 5}, {}}, rng));
   r->batches.push_back(
       testing::make_batch(*r->pool, {ForwardMode::kTargetVerify, {20, 33}, {}, 3}, rng));

@@ -7,6 +7,8 @@
 // scenario's objects are gone the ledger is back at its baseline (and ASan's leak check, in the
 // asan-ubsan preset, sees no host leak); and the same process then runs the scenario again with
 // results bitwise equal to a run that never failed.
+#include "mla/fault_injection.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "backends/backend_fixture.h"
-#include "mla/fault_injection.h"
 
 namespace mla {
 namespace {
@@ -41,14 +42,14 @@ struct Outcome {
   std::vector<std::vector<float>> outs;  // o of every layer of every step
 };
 
-#define SCENARIO_TRY(what, expr)   \
-  do {                             \
-    Status s_ = (expr);            \
-    if (!s_.ok()) {                \
-      r.status = s_;               \
-      r.where = (what);            \
-      return r;                    \
-    }                              \
+#define SCENARIO_TRY(what, expr) \
+  do {                           \
+    Status s_ = (expr);          \
+    if (!s_.ok()) {              \
+      r.status = s_;             \
+      r.where = (what);          \
+      return r;                  \
+    }                            \
   } while (0)
 
 // Grows request `row` by `add` tokens, appending the new slots to batch->out_cache_loc.
@@ -214,10 +215,10 @@ Outcome run_scenario(const Scenario& sc) {
     SCENARIO_TRY("step 5 (graph replay)", forward(padded, true));
   }
   for (int row : rows) SCENARIO_TRY("free_request", pool.free_request(row));
-  SCENARIO_TRY("pool pages", pool.free_pages() == pc.num_pages
-                                 ? Status::Ok()
-                                 : internal_error("{} of {} pages free", pool.free_pages(),
-                                                  pc.num_pages));
+  SCENARIO_TRY("pool pages",
+               pool.free_pages() == pc.num_pages
+                   ? Status::Ok()
+                   : internal_error("{} of {} pages free", pool.free_pages(), pc.num_pages));
   return r;
 }
 
@@ -278,16 +279,16 @@ class FaultInjection : public ::testing::TestWithParam<Scenario> {
         EXPECT_TRUE(std::find(allowed.begin(), allowed.end(), hit.status.code()) != allowed.end())
             << hit.where << " returned " << hit.status.to_string();
         EXPECT_NE(hit.status.message().find("injected"), std::string::npos)
-            << hit.where << " returned another error than the injected one: "
-            << hit.status.to_string();
+            << hit.where
+            << " returned another error than the injected one: " << hit.status.to_string();
       } else {
         // A failure the library absorbed (e.g. a best-effort path) must not change a result.
         EXPECT_EQ(hit.outs, clean.outs) << "the failure was swallowed and changed the outputs";
       }
       // Shared workspaces are process-global: once released, nothing may remain.
       WorkspaceRegistry::global().release_all_for_testing();
-      ASSERT_EQ(ledger_state(), baseline) << "ledger not back at its baseline after a failure in "
-                                          << hit.where;
+      ASSERT_EQ(ledger_state(), baseline)
+          << "ledger not back at its baseline after a failure in " << hit.where;
       // The process is still able to build everything again and compute the same results:
       // checked after the first failure in each call site and after the last k (a full run per
       // k would take minutes under ASan).
@@ -314,23 +315,24 @@ TEST_P(FaultInjection, EveryAllocationFailureIsOutOfMemoryAndLeavesNothing) {
 
 TEST_P(FaultInjection, EveryCopyFailureIsACudaErrorAndLeavesNothing) {
   if (GetParam().graph || GetParam().disable_chunked_prefix_cache) {
-    GTEST_SKIP() << "copy faults: the three plain backends only (about 1.5 minutes each under ASan)";
+    GTEST_SKIP()
+        << "copy faults: the three plain backends only (about 1.5 minutes each under ASan)";
   }
   sweep(fi::Site::kCopy, {StatusCode::kCudaError});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, FaultInjection,
-    ::testing::Values(Scenario{"paged_mla"}, Scenario{"chunked_mla"}, Scenario{"ondemand_mla"},
-                      Scenario{"chunked_mla", true}, Scenario{"paged_mla", false, true},
-                      Scenario{"ondemand_mla", false, true}),
-    [](const ::testing::TestParamInfo<Scenario>& info) {
-      std::string n = name_of(info.param);
-      for (char& c : n) {
-        if (c == '+') c = '_';
-      }
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, FaultInjection,
+                         ::testing::Values(Scenario{"paged_mla"}, Scenario{"chunked_mla"},
+                                           Scenario{"ondemand_mla"}, Scenario{"chunked_mla", true},
+                                           Scenario{"paged_mla", false, true},
+                                           Scenario{"ondemand_mla", false, true}),
+                         [](const ::testing::TestParamInfo<Scenario>& info) {
+                           std::string n = name_of(info.param);
+                           for (char& c : n) {
+                             if (c == '+') c = '_';
+                           }
+                           return n;
+                         });
 
 TEST(FaultInjectionHook, CountsAndFiresOnceAtTheArmedEvent) {
   fi::reset();

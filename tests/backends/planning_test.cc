@@ -202,23 +202,27 @@ TEST(ForwardMethodChooser, PagedMlaRules) {
     return planning::choose_forward_method(BackendFamily::kPagedMla, o, b);
   };
   // No prefix: MHA, one-shot when it fits one chunk, else chunked.
-  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {0, 0}, {10, 10})), ForwardMethod::kMhaOneShot);
+  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {0, 0}, {10, 10})),
+            ForwardMethod::kMhaOneShot);
   EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {0, 0}, {600, 600})),
             ForwardMethod::kMhaChunked);
   // Short prefix: absorbed. Long prefix: MHA (one-shot or chunked by sum(seq_lens)).
   EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {50, 49}, {4, 4})), ForwardMethod::kAbsorbed);
-  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {50, 50}, {4, 4})), ForwardMethod::kMhaOneShot);
+  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {50, 50}, {4, 4})),
+            ForwardMethod::kMhaOneShot);
   EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {500, 500}, {4, 4})),
             ForwardMethod::kMhaChunked);
   // Chunked prefix disabled with a prefix: absorbed however long.
   o.disable_chunked_prefix_cache = true;
-  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {500, 500}, {4, 4})), ForwardMethod::kAbsorbed);
+  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {500, 500}, {4, 4})),
+            ForwardMethod::kAbsorbed);
   EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {0, 0}, {4, 4})), ForwardMethod::kMhaOneShot);
   // Piecewise graphs: absorbed for everything.
   o.disable_chunked_prefix_cache = false;
   o.piecewise_cuda_graph = true;
   EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {0, 0}, {4, 4})), ForwardMethod::kAbsorbed);
-  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {500, 500}, {4, 4})), ForwardMethod::kAbsorbed);
+  EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {500, 500}, {4, 4})),
+            ForwardMethod::kAbsorbed);
 }
 
 TEST(ForwardMethodChooser, ChunkedFamiliesUseChunkedMhaForEveryExtend) {
@@ -226,8 +230,9 @@ TEST(ForwardMethodChooser, ChunkedFamiliesUseChunkedMhaForEveryExtend) {
   for (auto fam : {planning::BackendFamily::kChunkedMla, planning::BackendFamily::kOndemandMla}) {
     EXPECT_EQ(planning::choose_forward_method(fam, o, extend_batch(ForwardMode::kExtend, {0}, {3})),
               ForwardMethod::kMhaChunked);
-    EXPECT_EQ(planning::choose_forward_method(fam, o, extend_batch(ForwardMode::kMixed, {3, 9}, {1, 5})),
-              ForwardMethod::kMhaChunked);
+    EXPECT_EQ(
+        planning::choose_forward_method(fam, o, extend_batch(ForwardMode::kMixed, {3, 9}, {1, 5})),
+        ForwardMethod::kMhaChunked);
   }
 }
 

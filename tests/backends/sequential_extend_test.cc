@@ -59,8 +59,8 @@ TEST(SequentialExtend, ExtendOverAPrefixWrittenByAnEarlierMhaStep) {
     for (int32_t fresh : {48, 32}) {  // `mla run --max-batch-tokens 48` on an 80-token prompt
       const ForwardBatch batch = extend_batch(*pool, row, prefix, fresh);
       testing::LayerInputs in = cli_like_inputs(fresh, rng);
-      const testing::LayerReference ref = testing::reference_layer(
-          *pool, 0, batch, in, (*layer)->kv_b_proj(), o.model.sm_scale);
+      const testing::LayerReference ref =
+          testing::reference_layer(*pool, 0, batch, in, (*layer)->kv_b_proj(), o.model.sm_scale);
       ASSERT_TRUE(plan_batch(**backend, batch).ok());
       if (name != "paged_mla") {
         EXPECT_EQ((*backend)->forward_method(), ForwardMethod::kMhaChunked) << name;

@@ -1,10 +1,11 @@
 // The workspace registry, growable buffers, carving and the size sources.
+#include "mla/workspace.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "backends/backend_fixture.h"
-#include "mla/workspace.h"
 
 namespace mla {
 namespace {

@@ -91,10 +91,12 @@ TEST(CliFlags, EveryFlagOfEverySubcommandFailsCleanlyOnHostileValues) {
         // `mla bench` times the GPU only; a build without CUDA refuses every value alike.
         if (sub == "bench" && o.err.find("this build has no CUDA") != std::string::npos) continue;
         EXPECT_NE(o.err.find(f.name), std::string::npos)
-            << cmd << " failed without naming " << f.name << ":\n" << o.err;
+            << cmd << " failed without naming " << f.name << ":\n"
+            << o.err;
         if (value[0] != '-') {
           EXPECT_NE(o.err.find(value), std::string::npos)
-              << cmd << ": the error does not quote the value as written:\n" << o.err;
+              << cmd << ": the error does not quote the value as written:\n"
+              << o.err;
         }
         EXPECT_EQ(o.err.find("check failed"), std::string::npos) << cmd << ":\n" << o.err;
       }
@@ -161,12 +163,14 @@ TEST(CliFlags, NothingRunsWithoutSayingSo) {
   };
   const std::string empty = write("empty.jsonl", "");
   const std::string comments = write("comments.jsonl", "# nothing\n\n   # here\n");
-  const std::string nul = write("nul.jsonl", std::string("{\"prompt_len\": 4, \"output_len\": 2}\n"
-                                                         "{\"prompt_len\": 4,\0 \"output_len\": 2}\n",
-                                                         72));
-  const std::string late = write("late.jsonl", "{\"arrival_step\": 9, \"prompt_len\": 4, "
-                                               "\"output_len\": 2}\n"
-                                               "{\"prompt_len\": 4000, \"output_len\": 200}\n");
+  const std::string nul =
+      write("nul.jsonl", std::string("{\"prompt_len\": 4, \"output_len\": 2}\n"
+                                     "{\"prompt_len\": 4,\0 \"output_len\": 2}\n",
+                                     72));
+  const std::string late = write("late.jsonl",
+                                 "{\"arrival_step\": 9, \"prompt_len\": 4, "
+                                 "\"output_len\": 2}\n"
+                                 "{\"prompt_len\": 4000, \"output_len\": 200}\n");
   struct Case {
     std::vector<std::string> args;
     std::vector<std::string> expect;
@@ -184,7 +188,8 @@ TEST(CliFlags, NothingRunsWithoutSayingSo) {
        {"--filter", "no-such-case-anywhere", "nothing was checked"}},
   };
 #ifndef MLA_WITH_CUDA
-  cases.push_back({{"check", "--device", "cuda"}, {"--device cuda", "no CUDA", "nothing was checked"}});
+  cases.push_back(
+      {{"check", "--device", "cuda"}, {"--device cuda", "no CUDA", "nothing was checked"}});
 #endif
   for (const Case& c : cases) {
     const Outcome o = run_cli(c.args, dir, 120);

@@ -104,8 +104,9 @@ TEST_F(RunCheck, ThreeHundredConcurrentDecodes) {
   std::vector<std::string> lines;
   for (int i = 0; i < 300; ++i) lines.push_back(line(0, 8 + i % 24, 4));
   for (bool graph : {false, true}) {
-    std::vector<std::string> args{"--trace", trace(lines), "--max-running", "300",
-                                  "--max-batch-tokens", "8192", "--backend", "chunked_mla"};
+    std::vector<std::string> args{"--trace",   trace(lines),         "--max-running",
+                                  "300",       "--max-batch-tokens", "8192",
+                                  "--backend", "chunked_mla"};
     if (graph) args.push_back("--cuda-graph");
     const json c = run_check(args);
     bool seen = false;

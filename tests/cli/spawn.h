@@ -35,7 +35,8 @@ inline std::string read_file(const std::string& path) {
 }
 
 // Runs the CLI with `args` in `dir`, stdout and stderr captured, killed after `timeout_s`.
-inline Outcome run_cli(const std::vector<std::string>& args, const std::string& dir, int timeout_s) {
+inline Outcome run_cli(const std::vector<std::string>& args, const std::string& dir,
+                       int timeout_s) {
   const std::string out_path = dir + "/stdout.txt", err_path = dir + "/stderr.txt";
   const pid_t pid = fork();
   if (pid == 0) {

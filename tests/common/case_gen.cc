@@ -69,8 +69,7 @@ std::vector<float> decode_to_float(std::span<const std::byte> bytes, DType dtype
 int64_t PagedLayout::slot(int b, int64_t token) const {
   const int64_t row = req_rows[b];
   if (page_size == 1) return req_to_token[row * max_context_len + token];
-  return req_to_token[row * max_context_len + (token / page_size) * page_size] +
-         token % page_size;
+  return req_to_token[row * max_context_len + (token / page_size) * page_size] + token % page_size;
 }
 
 PagedLayout make_paged_layout(std::span<const int32_t> kv_lens, int page_size, bool shuffle,

@@ -9,10 +9,14 @@ namespace mla::testing {
 
 Tolerance default_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return {1e-2, 2e-2, 1e-2};
-    case DType::kFP8E4M3: return {1.0 / 512, 0.0625 + 1e-6, 0.0};
-    case DType::kF32: return {1e-4, 1e-4, 1e-4};
-    default: return {0.0, 0.0, 0.0};
+    case DType::kBF16:
+      return {1e-2, 2e-2, 1e-2};
+    case DType::kFP8E4M3:
+      return {1.0 / 512, 0.0625 + 1e-6, 0.0};
+    case DType::kF32:
+      return {1e-4, 1e-4, 1e-4};
+    default:
+      return {0.0, 0.0, 0.0};
   }
 }
 
@@ -35,8 +39,8 @@ Comparison compare_values(std::string_view what, std::span<const float> out,
   if (out.size() != ref.size()) {
     c.ok = false;
     c.num_bad = 1;
-    c.message = fmt::format("{}: size {} differs from reference size {}", what, out.size(),
-                            ref.size());
+    c.message =
+        fmt::format("{}: size {} differs from reference size {}", what, out.size(), ref.size());
     return c;
   }
   double diff2 = 0.0, ref2 = 0.0, worst_excess = -1.0;

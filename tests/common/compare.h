@@ -13,7 +13,7 @@
 namespace mla::testing {
 
 struct Tolerance {
-  double abs = 0.0;         // per element: |out - ref| <= abs + rel * |ref|
+  double abs = 0.0;  // per element: |out - ref| <= abs + rel * |ref|
   double rel = 0.0;
   double global_rel = 0.0;  // ||out - ref||_2 / ||ref||_2 over finite entries; <= 0 disables
 };
@@ -27,11 +27,11 @@ struct Comparison {
   bool ok = true;
   double global_rel_err = 0.0;
   double max_abs_err = 0.0;
-  int64_t num_bad = 0;      // elements out of tolerance or with mismatched NaN/inf
-  int64_t worst_index = -1; // flat index of the worst element (first mismatch if non-finite)
+  int64_t num_bad = 0;       // elements out of tolerance or with mismatched NaN/inf
+  int64_t worst_index = -1;  // flat index of the worst element (first mismatch if non-finite)
   double worst_out = 0.0;
   double worst_ref = 0.0;
-  std::string message;      // "<what>: 3 of 4096 elements out of tolerance; worst [17] ..."
+  std::string message;  // "<what>: 3 of 4096 elements out of tolerance; worst [17] ..."
 };
 
 // Compares out (decoded from storage) with the reference. `what` names the tensor in messages.

@@ -29,7 +29,7 @@ enum class ConformanceScope : uint8_t {
 struct ConformanceCase {
   std::string name;  // "absorbed/decode/h16/p64/bs4/bf16/seed20261202" (base seed last)
   OpKind op = OpKind::kAbsorbed;
-  std::string mode;  // decode, verify, draft, extend, extend_prefix, mixed, chunk, edge, ...
+  std::string mode;   // decode, verify, draft, extend, extend_prefix, mixed, chunk, edge, ...
   uint64_t seed = 0;  // derived from the base seed and the name
   int num_heads = 16;
   float sm_scale = 0.135234f;
@@ -42,13 +42,13 @@ struct ConformanceCase {
 
   // Paged cache (absorbed, kv_write, up_project).
   int page_size = 1;
-  bool shuffle_pages = true;       // random page order (and random slots for page_size 1)
+  bool shuffle_pages = true;  // random page order (and random slots for page_size 1)
   DType cache_dtype = DType::kBF16;
-  float k_scale = 1.0f;            // applied only to fp8 caches; set != 1 on bf16 to prove that
+  float k_scale = 1.0f;  // applied only to fp8 caches; set != 1 on bf16 to prove that
 
   // kv_write / up_project: number of rows written / gathered; merge / head_gemm: tokens.
   int64_t num_tokens = 0;
-  int64_t src_row_stride = 0;      // kv_write: c_kv row stride (> 512 for a strided view); 0 = 512
+  int64_t src_row_stride = 0;  // kv_write: c_kv row stride (> 512 for a strided view); 0 = 512
 
   // merge: head dim D of o (512 or 128).
   int merge_dim = 128;
@@ -59,8 +59,8 @@ struct ConformanceCase {
   int gemm_k = 128;
   int gemm_n = 512;
   bool transpose_w = false;
-  int64_t x_row_stride = 0;        // elements between consecutive heads of x; 0 = gemm_k
-  int64_t y_row_stride = 0;        // elements between consecutive heads of y; 0 = gemm_n
+  int64_t x_row_stride = 0;  // elements between consecutive heads of x; 0 = gemm_k
+  int64_t y_row_stride = 0;  // elements between consecutive heads of y; 0 = gemm_n
 
   // Capacity handed to plan()/workspace_bytes() is the problem's own size times this factor
   // (>= 1), so plans into a larger graph-sized buffer are covered too.

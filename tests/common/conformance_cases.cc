@@ -12,8 +12,8 @@ namespace mla::testing {
 namespace {
 
 constexpr uint64_t kDefaultBaseSeed = 20261202;
-constexpr float kFp8Scale = 1.0f / 64;   // normal/4 values stored as ~N(0, 16): well inside 448
-constexpr float kIgnoredScale = 2.5f;    // set on bf16 caches to prove the scale is ignored
+constexpr float kFp8Scale = 1.0f / 64;  // normal/4 values stored as ~N(0, 16): well inside 448
+constexpr float kIgnoredScale = 2.5f;   // set on bf16 caches to prove the scale is ignored
 
 uint64_t fnv1a(std::string_view s) {
   uint64_t h = 1469598103934665603ull;
@@ -61,8 +61,8 @@ ConformanceCase attn(OpKind op, std::string mode, int heads, int page, DType dt 
 
 std::string absorbed_stem(const ConformanceCase& c, std::string_view extra = "") {
   return fmt::format("absorbed/{}/h{}/p{}/bs{}/{}{}{}", c.mode, c.num_heads, c.page_size,
-                     c.q_lens.size(), dtype_tag(c.cache_dtype, c.k_scale),
-                     extra.empty() ? "" : "/", extra);
+                     c.q_lens.size(), dtype_tag(c.cache_dtype, c.k_scale), extra.empty() ? "" : "/",
+                     extra);
 }
 
 // Edge kv lengths around a page: 1, P-1, P, P+1, 2P+1 and a prime.
@@ -73,9 +73,10 @@ std::vector<int32_t> page_edge_lengths(int page) {
 
 void add_absorbed(Builder& b, ConformanceScope scope) {
   const bool full = scope != ConformanceScope::kQuick;
-  const std::vector<int> pages = full ? std::vector<int>{1, 16, 32, 64, 128}
-                                      : std::vector<int>{1, 64};
-  const std::vector<int> heads = full ? std::vector<int>{16, 32, 64, 128} : std::vector<int>{16, 128};
+  const std::vector<int> pages =
+      full ? std::vector<int>{1, 16, 32, 64, 128} : std::vector<int>{1, 64};
+  const std::vector<int> heads =
+      full ? std::vector<int>{16, 32, 64, 128} : std::vector<int>{16, 128};
 
   // Decode over every page size x head count: kv lengths at the page edges.
   for (int p : pages) {
@@ -109,7 +110,8 @@ void add_absorbed(Builder& b, ConformanceScope scope) {
       const int n = full ? 2 + (p % 7) : 4;
       c.q_lens.assign(3, n);
       b.add(c, absorbed_stem(c, fmt::format("q{}", n)), [n](ConformanceCase& c, Rng& r) {
-        for (int i = 0; i < 3; ++i) c.kv_lens.push_back(n + static_cast<int32_t>(r.uniform_int(0, 90)));
+        for (int i = 0; i < 3; ++i)
+          c.kv_lens.push_back(n + static_cast<int32_t>(r.uniform_int(0, 90)));
       });
     }
   }
@@ -117,7 +119,8 @@ void add_absorbed(Builder& b, ConformanceScope scope) {
     ConformanceCase c = attn(OpKind::kAbsorbed, "draft", 16, 16, DType::kBF16);
     c.q_lens = {1, 8, 3, 5, 2};
     b.add(c, absorbed_stem(c, "variable_q"), [](ConformanceCase& c, Rng& r) {
-      for (int32_t q : c.q_lens) c.kv_lens.push_back(q + static_cast<int32_t>(r.uniform_int(0, 70)));
+      for (int32_t q : c.q_lens)
+        c.kv_lens.push_back(q + static_cast<int32_t>(r.uniform_int(0, 70)));
     });
   }
   // Extend with a prefix, extend without, mixed.
@@ -274,9 +277,9 @@ void add_mha(Builder& b, ConformanceScope scope) {
 void add_small_ops(Builder& b, ConformanceScope scope) {
   const bool full = scope != ConformanceScope::kQuick;
   for (auto [h, dim, t] : full ? std::vector<std::tuple<int, int, int>>{{16, 128, 33},
-                                                                         {16, 512, 9},
-                                                                         {128, 512, 3},
-                                                                         {64, 128, 5}}
+                                                                        {16, 512, 9},
+                                                                        {128, 512, 3},
+                                                                        {64, 128, 5}}
                                : std::vector<std::tuple<int, int, int>>{{16, 128, 33}}) {
     ConformanceCase c;
     c.op = OpKind::kMerge;
@@ -302,12 +305,13 @@ void add_small_ops(Builder& b, ConformanceScope scope) {
   }
   for (DType dt : {DType::kBF16, DType::kFP8E4M3}) {
     // 128 heads once (bf16); the weights alone are 16 M values, so fp8 uses 64.
-    for (int h : full ? std::vector<int>{16, dt == DType::kBF16 ? 128 : 64} : std::vector<int>{16}) {
+    for (int h :
+         full ? std::vector<int>{16, dt == DType::kBF16 ? 128 : 64} : std::vector<int>{16}) {
       ConformanceCase c = attn(OpKind::kUpProject, "up_project", h, 16, dt);
       if (dt == DType::kBF16) c.k_scale = kIgnoredScale;
       c.kv_lens = h >= 64 ? std::vector<int32_t>{5, 3} : std::vector<int32_t>{17, 1, 9};
-      b.add(c, fmt::format("up_project/h{}/p16/n{}/{}", h, c.kv_lens[0] + c.kv_lens[1] +
-                                                             (c.kv_lens.size() > 2 ? c.kv_lens[2] : 0),
+      b.add(c, fmt::format("up_project/h{}/p16/n{}/{}", h,
+                           c.kv_lens[0] + c.kv_lens[1] + (c.kv_lens.size() > 2 ? c.kv_lens[2] : 0),
                            dtype_tag(dt, c.k_scale)));
     }
   }
@@ -343,12 +347,18 @@ void add_small_ops(Builder& b, ConformanceScope scope) {
 
 std::string_view op_kind_name(OpKind op) {
   switch (op) {
-    case OpKind::kAbsorbed: return "absorbed";
-    case OpKind::kMha: return "mha";
-    case OpKind::kMerge: return "merge";
-    case OpKind::kKvWrite: return "kv_write";
-    case OpKind::kUpProject: return "up_project";
-    case OpKind::kHeadGemm: return "head_gemm";
+    case OpKind::kAbsorbed:
+      return "absorbed";
+    case OpKind::kMha:
+      return "mha";
+    case OpKind::kMerge:
+      return "merge";
+    case OpKind::kKvWrite:
+      return "kv_write";
+    case OpKind::kUpProject:
+      return "up_project";
+    case OpKind::kHeadGemm:
+      return "head_gemm";
   }
   return "?";
 }

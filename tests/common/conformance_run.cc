@@ -28,12 +28,12 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 struct OutputSpec {
   std::string name;
   DType dtype = DType::kBF16;
-  std::vector<int64_t> shape;          // for messages
+  std::vector<int64_t> shape;  // for messages
   std::size_t bytes = 0;
-  std::vector<std::byte> initial;      // empty: poison; else uploaded before every run
-  DeviceBuffer buffer;                 // kGuardBytes + bytes + kGuardBytes
+  std::vector<std::byte> initial;  // empty: poison; else uploaded before every run
+  DeviceBuffer buffer;             // kGuardBytes + bytes + kGuardBytes
   void* data() const { return static_cast<std::byte*>(buffer.data()) + kGuardBytes; }
-  std::vector<std::byte> result;       // downloaded after the last run
+  std::vector<std::byte> result;  // downloaded after the last run
 };
 
 // Everything one case needs on the device; owns its buffers.
@@ -50,9 +50,9 @@ class Harness {
 
   // Uploads host bytes; returns the device pointer.
   StatusOr<void*> upload(std::span<const std::byte> host, std::string name) {
-    MLA_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::allocate(device_, std::max<std::size_t>(
-                                                                               host.size(), 1),
-                                                                  std::move(name), "test", false));
+    MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
+                         DeviceBuffer::allocate(device_, std::max<std::size_t>(host.size(), 1),
+                                                std::move(name), "test", false));
     MLA_RETURN_IF_ERROR(rt_->copy_to_device(buf.data(), host.data(), host.size(), nullptr));
     void* p = buf.data();
     inputs_.push_back(std::move(buf));
@@ -60,9 +60,9 @@ class Harness {
   }
   // Scratch filled with kWorkspaceByte (not zero).
   StatusOr<void*> scratch(std::size_t bytes, std::string name) {
-    MLA_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::allocate(device_, std::max<std::size_t>(
-                                                                               bytes, 1),
-                                                                  std::move(name), "test", false));
+    MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
+                         DeviceBuffer::allocate(device_, std::max<std::size_t>(bytes, 1),
+                                                std::move(name), "test", false));
     MLA_RETURN_IF_ERROR(rt_->memset(buf.data(), kWorkspaceByte, buf.bytes(), nullptr));
     void* p = buf.data();
     inputs_.push_back(std::move(buf));
@@ -136,9 +136,9 @@ struct Expected {
 };
 
 struct Prepared {
-  std::function<Status()> launch;   // runs the op once (outputs already prepared)
-  std::vector<Expected> expected;   // one per harness output, same order
-  std::string skip_reason;          // non-empty: skipped
+  std::function<Status()> launch;  // runs the op once (outputs already prepared)
+  std::vector<Expected> expected;  // one per harness output, same order
+  std::string skip_reason;         // non-empty: skipped
 };
 
 TensorView view(void* p, DType t, Device d, std::initializer_list<int64_t> dims) {
@@ -181,8 +181,7 @@ StatusOr<void*> plan_and_upload(const Op& op, const Problem& problem, const Attn
                               std::byte{kWorkspaceByte});
   MLA_ASSIGN_OR_RETURN(std::size_t used, op.plan(problem, cap, blob));
   if (used > blob.size()) {
-    return internal_error("plan() reports {} bytes used, plan_bytes(cap) is {}", used,
-                          blob.size());
+    return internal_error("plan() reports {} bytes used, plan_bytes(cap) is {}", used, blob.size());
   }
   return h.upload(blob, "conformance.plan");
 }
@@ -300,8 +299,8 @@ StatusOr<Prepared> prepare_mha(const OpSet& ops, const ConformanceCase& c, Harne
   const ExecContext ctx{d, nullptr};
   p.launch = [set, args, ctx] { return set->mha->run(args, ctx); };
 
-  RefAttention ref = reference_mha(to_float(q), to_float(k), to_float(v), qo_indptr, kv_indptr,
-                                   hc, c.sm_scale, c.causal);
+  RefAttention ref = reference_mha(to_float(q), to_float(k), to_float(v), qo_indptr, kv_indptr, hc,
+                                   c.sm_scale, c.causal);
   p.expected.push_back({std::move(ref.o), default_tolerance(DType::kBF16), false});
   p.expected.push_back({std::move(ref.lse), lse_tol(), true});
   return p;
@@ -319,10 +318,10 @@ StatusOr<Prepared> prepare_merge(const OpSet& ops, const ConformanceCase& c, Har
   for (int64_t i = 0; i < rows; ++i) {
     lse_a[i] = static_cast<float>(rng.normal() * 3.0);
     lse_b[i] = static_cast<float>(rng.normal() * 3.0);
-    if (i % 7 == 3) lse_a[i] = -kInf;               // only b has keys
-    if (i % 11 == 5) lse_b[i] = -kInf;              // only a has keys
-    if (i % 13 == 0) lse_a[i] = lse_b[i] = -kInf;   // neither: o = 0, lse = -inf
-    if (i % 17 == 8) lse_b[i] = lse_a[i] + 40.0f;   // b dominates (exp underflows in fp32)
+    if (i % 7 == 3) lse_a[i] = -kInf;              // only b has keys
+    if (i % 11 == 5) lse_b[i] = -kInf;             // only a has keys
+    if (i % 13 == 0) lse_a[i] = lse_b[i] = -kInf;  // neither: o = 0, lse = -inf
+    if (i % 17 == 8) lse_b[i] = lse_a[i] + 40.0f;  // b dominates (exp underflows in fp32)
   }
   const Device d = h.device();
   MLA_ASSIGN_OR_RETURN(void* o_b_dev, h.upload(as_bytes_of(o_b), "o_b"));
@@ -381,8 +380,7 @@ StatusOr<Prepared> prepare_kv_write(const OpSet& ops, const ConformanceCase& c, 
   const OpSet* set = &ops;
   const ExecContext ctx{d, nullptr};
   p.launch = [set, args, ctx] { return set->kv_write->run(args, ctx); };
-  std::vector<double> rows =
-      reference_kv_write(c_kv, to_float(k_pe), t, c.cache_dtype, c.k_scale);
+  std::vector<double> rows = reference_kv_write(c_kv, to_float(k_pe), t, c.cache_dtype, c.k_scale);
   std::vector<double> expect(static_cast<std::size_t>(num_slots * 576), kNaN);  // untouched
   for (int64_t i = 0; i < t; ++i) {
     std::copy(rows.begin() + i * 576, rows.begin() + (i + 1) * 576,
@@ -496,12 +494,18 @@ StatusOr<Prepared> prepare_head_gemm(const OpSet& ops, const ConformanceCase& c,
 
 StatusOr<Prepared> prepare(const OpSet& ops, const ConformanceCase& c, Harness& h) {
   switch (c.op) {
-    case OpKind::kAbsorbed: return prepare_absorbed(ops, c, h);
-    case OpKind::kMha: return prepare_mha(ops, c, h);
-    case OpKind::kMerge: return prepare_merge(ops, c, h);
-    case OpKind::kKvWrite: return prepare_kv_write(ops, c, h);
-    case OpKind::kUpProject: return prepare_up_project(ops, c, h);
-    case OpKind::kHeadGemm: return prepare_head_gemm(ops, c, h);
+    case OpKind::kAbsorbed:
+      return prepare_absorbed(ops, c, h);
+    case OpKind::kMha:
+      return prepare_mha(ops, c, h);
+    case OpKind::kMerge:
+      return prepare_merge(ops, c, h);
+    case OpKind::kKvWrite:
+      return prepare_kv_write(ops, c, h);
+    case OpKind::kUpProject:
+      return prepare_up_project(ops, c, h);
+    case OpKind::kHeadGemm:
+      return prepare_head_gemm(ops, c, h);
   }
   return internal_error("unknown op kind");
 }
@@ -599,13 +603,13 @@ CaseResult run_conformance_case(const OpSet& ops, const ConformanceCase& c, Devi
   }
   r.passed = ok;
   if (!ok) {
-    r.message = problems.rfind(case_prefix(c), 0) == 0 ? problems : case_prefix(c) + ": " + problems;
+    r.message =
+        problems.rfind(case_prefix(c), 0) == 0 ? problems : case_prefix(c) + ": " + problems;
   }
   return r;
 }
 
-StatusOr<bool> run_twice_bitwise_equal(const OpSet& ops, const ConformanceCase& c,
-                                       Device device) {
+StatusOr<bool> run_twice_bitwise_equal(const OpSet& ops, const ConformanceCase& c, Device device) {
   RunOptions opt;
   opt.check_determinism = true;
   opt.compare = false;

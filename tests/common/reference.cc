@@ -85,8 +85,8 @@ RefAttention reference_absorbed(const AbsorbedRefProblem& p, std::span<const flo
     const int64_t q_len = p.q_lens[b], kv_len = p.kv_lens[b];
     kv.assign(static_cast<std::size_t>(kv_len * kLatent), 0.0);
     for (int64_t i = 0; i < kv_len; ++i) {
-      const int64_t slot = slot_of_token(p.req_to_token.data(), p.row_stride, p.req_rows[b], i,
-                                         p.page_size);
+      const int64_t slot =
+          slot_of_token(p.req_to_token.data(), p.row_stride, p.req_rows[b], i, p.page_size);
       for (int d = 0; d < kLatent; ++d) {
         kv[i * kLatent + d] = dequant(cache_stored[slot * kLatent + d], p.cache_dtype, p.k_scale);
       }
@@ -127,11 +127,10 @@ RefAttention reference_mha(std::span<const float> q, std::span<const float> k,
   for (std::size_t b = 0; b + 1 < qo_indptr.size(); ++b) {
     const int64_t q0 = qo_indptr[b], tq = qo_indptr[b + 1] - q0;
     const int64_t k0 = kv_indptr[b], tk = kv_indptr[b + 1] - k0;
-    RefAttention part = dense_attention(
-        q.subspan(q0 * num_heads * kDqk, tq * num_heads * kDqk),
-        k.subspan(k0 * num_heads * kDqk, tk * num_heads * kDqk),
-        v.subspan(k0 * num_heads * kDv, tk * num_heads * kDv), tq, tk, num_heads, num_heads, kDqk,
-        kDv, sm_scale, causal);
+    RefAttention part = dense_attention(q.subspan(q0 * num_heads * kDqk, tq * num_heads * kDqk),
+                                        k.subspan(k0 * num_heads * kDqk, tk * num_heads * kDqk),
+                                        v.subspan(k0 * num_heads * kDv, tk * num_heads * kDv), tq,
+                                        tk, num_heads, num_heads, kDqk, kDv, sm_scale, causal);
     std::copy(part.o.begin(), part.o.end(), r.o.begin() + q0 * num_heads * kDv);
     std::copy(part.lse.begin(), part.lse.end(), r.lse.begin() + q0 * num_heads);
   }
@@ -139,8 +138,8 @@ RefAttention reference_mha(std::span<const float> q, std::span<const float> k,
 }
 
 RefAttention reference_merge(std::span<const float> o_a, std::span<const float> lse_a,
-                             std::span<const float> o_b, std::span<const float> lse_b,
-                             int64_t rows, int dim) {
+                             std::span<const float> o_b, std::span<const float> lse_b, int64_t rows,
+                             int dim) {
   RefAttention r;
   r.o.assign(static_cast<std::size_t>(rows * dim), 0.0);
   r.lse.assign(static_cast<std::size_t>(rows), kNegInf);

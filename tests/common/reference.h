@@ -31,11 +31,11 @@ struct AbsorbedRefProblem {
   double sm_scale = 0.0;
   DType cache_dtype = DType::kBF16;
   float k_scale = 1.0f;
-  int64_t row_stride = 0;              // columns of req_to_token
+  int64_t row_stride = 0;  // columns of req_to_token
   std::span<const int32_t> req_to_token;
-  std::span<const int32_t> req_rows;   // [bs]
-  std::span<const int32_t> q_lens;     // [bs]
-  std::span<const int32_t> kv_lens;    // [bs]
+  std::span<const int32_t> req_rows;  // [bs]
+  std::span<const int32_t> q_lens;    // [bs]
+  std::span<const int32_t> kv_lens;   // [bs]
 };
 RefAttention reference_absorbed(const AbsorbedRefProblem& p, std::span<const float> q,
                                 std::span<const float> cache_stored);
@@ -48,8 +48,8 @@ RefAttention reference_mha(std::span<const float> q, std::span<const float> k,
 
 // Merge of two partial states, rows = T * H, o [rows, dim], lse [rows].
 RefAttention reference_merge(std::span<const float> o_a, std::span<const float> lse_a,
-                             std::span<const float> o_b, std::span<const float> lse_b,
-                             int64_t rows, int dim);
+                             std::span<const float> o_b, std::span<const float> lse_b, int64_t rows,
+                             int dim);
 
 // Latent KV write: the stored value of each written row, [T, 576] = [c_kv | k_pe]
 // (divided by k_scale for fp8). c_kv [T, 512], k_pe [T, 64] contiguous.

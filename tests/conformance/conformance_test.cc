@@ -1,11 +1,12 @@
 // Every registered cpu op set x the conformance cases, against the double reference.
+#include "common/conformance.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 #include <string>
 
-#include "common/conformance.h"
 #include "mla/ops.h"
 
 namespace mla::testing {

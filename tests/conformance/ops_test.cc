@@ -1,5 +1,7 @@
 // Edge cases and argument checks of the cpu ops, and the conformance runner's own failure
 // detection (a broken op must fail, an unsupported one must be skipped, never passed).
+#include "mla/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include "common/case_gen.h"
 #include "common/conformance.h"
 #include "common/reference.h"
-#include "mla/ops.h"
 
 namespace mla::testing {
 namespace {
@@ -212,7 +213,7 @@ TEST(CpuMerge, EdgeCases) {
   a.lse_b = TensorView(lse_b.data(), DType::kF32, kCpu, {rows, 1});
   ASSERT_TRUE(cpu_ops().merge->run(a, {}).ok());
   for (int d = 0; d < dim; ++d) {
-    EXPECT_EQ(o_acc[0 * dim + d].to_float(), 1.0f + d);        // b empty: a unchanged
+    EXPECT_EQ(o_acc[0 * dim + d].to_float(), 1.0f + d);         // b empty: a unchanged
     EXPECT_EQ(o_acc[1 * dim + d].to_float(), -2.0f - (3 + d));  // a empty: b
     EXPECT_EQ(o_acc[2 * dim + d].bits, 0);                      // both empty: zero
     EXPECT_NEAR(o_acc[3 * dim + d].to_float(), ((10.0f + d) + (-11.0f - d)) / 2, 1e-2);

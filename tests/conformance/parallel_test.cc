@@ -1,12 +1,12 @@
 // The cpu thread pool: every index exactly once, worker ids in range and exclusive, nesting and
 // calls from several threads at once.
+#include "core/parallel.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 #include <vector>
-
-#include "core/parallel.h"
 
 namespace mla {
 namespace {

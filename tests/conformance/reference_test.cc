@@ -1,4 +1,6 @@
 // The double reference checked against dense attention and against closed-form answers.
+#include "common/reference.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 
 #include "common/case_gen.h"
 #include "common/compare.h"
-#include "common/reference.h"
 
 namespace mla::testing {
 namespace {
@@ -80,8 +81,8 @@ TEST(Reference, AbsorbedPagedEqualsDenseMqa) {
         // Gather this request's rows by walking pages by hand, dequantise, run dense MQA.
         std::vector<float> kv, vv;
         for (int i = 0; i < kv_lens[b]; ++i) {
-          const int32_t page_first = layout.req_to_token[layout.req_rows[b] * layout.max_context_len +
-                                                         (i / page) * page];
+          const int32_t page_first =
+              layout.req_to_token[layout.req_rows[b] * layout.max_context_len + (i / page) * page];
           const int64_t slot = page == 1 ? page_first : page_first + i % page;
           for (int d = 0; d < 576; ++d) {
             const float s = cache.stored[slot * 576 + d];

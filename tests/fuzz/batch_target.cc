@@ -45,9 +45,10 @@ MLA_FUZZ_TARGET(batch) {
   for (int r = 0; r < bs; ++r) {
     b.req_pool_indices.push_back(static_cast<int32_t>(in.range(0, 64)));
     const int32_t prefix = static_cast<int32_t>(in.range(0, 600));
-    const int32_t fresh = b.mode == ForwardMode::kDecode         ? 1
-                          : b.mode == ForwardMode::kTargetVerify ? b.num_draft_tokens
-                                                                 : static_cast<int32_t>(in.range(0, 40));
+    const int32_t fresh = b.mode == ForwardMode::kDecode ? 1
+                          : b.mode == ForwardMode::kTargetVerify
+                              ? b.num_draft_tokens
+                              : static_cast<int32_t>(in.range(0, 40));
     b.seq_lens.push_back(b.mode == ForwardMode::kTargetVerify ? prefix : prefix + fresh);
     if (extend_vectors) {
       b.extend_prefix_lens.push_back(prefix);
@@ -65,22 +66,45 @@ MLA_FUZZ_TARGET(batch) {
     const int32_t v = in.mostly(-2, 700, 4);
     auto poke = [&](std::vector<int32_t>& vec) {
       if (in.u8() % 8 == 0) {
-        if (in.boolean() || vec.empty()) vec.push_back(v); else vec.pop_back();
+        if (in.boolean() || vec.empty())
+          vec.push_back(v);
+        else
+          vec.pop_back();
       } else if (!vec.empty()) {
         vec[in.range(0, static_cast<int64_t>(vec.size()) - 1)] = v;
       }
     };
     switch (field) {
-      case 0: b.batch_size = v; break;
-      case 1: poke(b.req_pool_indices); break;
-      case 2: poke(b.seq_lens); break;
-      case 3: poke(b.extend_prefix_lens); break;
-      case 4: poke(b.extend_seq_lens); break;
-      case 5: poke(b.out_cache_loc); break;
-      case 6: b.num_draft_tokens = v; break;
-      case 7: b.seq_lens_sum = v; break;
-      case 8: finalize_batch(b); break;
-      default: b.mode = static_cast<ForwardMode>(in.u8() % 7); break;
+      case 0:
+        b.batch_size = v;
+        break;
+      case 1:
+        poke(b.req_pool_indices);
+        break;
+      case 2:
+        poke(b.seq_lens);
+        break;
+      case 3:
+        poke(b.extend_prefix_lens);
+        break;
+      case 4:
+        poke(b.extend_seq_lens);
+        break;
+      case 5:
+        poke(b.out_cache_loc);
+        break;
+      case 6:
+        b.num_draft_tokens = v;
+        break;
+      case 7:
+        b.seq_lens_sum = v;
+        break;
+      case 8:
+        finalize_batch(b);
+        break;
+      default:
+        b.mode = static_cast<ForwardMode>(in.u8() % 7);
+        break;
     }
   }
 
@@ -89,11 +113,11 @@ MLA_FUZZ_TARGET(batch) {
   FUZZ_CHECK(same(b, before), "validate_batch changed the batch");
   if (!s.ok()) {
     FUZZ_CHECK(s.code() == StatusCode::kInvalidArgument, "code of {}", s.to_string());
-    FUZZ_CHECK(fuzz::names_a_field(s.message(),
-                                   {"page_size", "mode", "batch_size", "req_pool_indices",
-                                    "seq_lens", "extend_prefix_lens", "extend_seq_lens",
-                                    "num_draft_tokens", "out_cache_loc", "seq_lens_sum"}),
-               "the error names no field: {}", s.message());
+    FUZZ_CHECK(
+        fuzz::names_a_field(s.message(), {"page_size", "mode", "batch_size", "req_pool_indices",
+                                          "seq_lens", "extend_prefix_lens", "extend_seq_lens",
+                                          "num_draft_tokens", "out_cache_loc", "seq_lens_sum"}),
+        "the error names no field: {}", s.message());
     return "";
   }
   // Accepted: what planning and the kernels rely on.
@@ -113,8 +137,7 @@ MLA_FUZZ_TARGET(batch) {
     kv_lens.push_back(kv);
     prefix.push_back(kv - q);
   }
-  FUZZ_CHECK(tokens == b.num_tokens() &&
-                 tokens == static_cast<int64_t>(b.out_cache_loc.size()),
+  FUZZ_CHECK(tokens == b.num_tokens() && tokens == static_cast<int64_t>(b.out_cache_loc.size()),
              "tokens {} num_tokens {} out_cache_loc {}", tokens, b.num_tokens(),
              b.out_cache_loc.size());
   for (int32_t slot : b.out_cache_loc) {

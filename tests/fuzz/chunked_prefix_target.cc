@@ -9,11 +9,10 @@
 namespace {
 
 bool same(const mla::planning::ChunkedPrefixPlan& a, const mla::planning::ChunkedPrefixPlan& b) {
-  return a.batch_size == b.batch_size && a.capacity == b.capacity &&
-         a.chunk_len == b.chunk_len && a.num_chunks == b.num_chunks && a.lens == b.lens &&
-         a.cu_len == b.cu_len && a.max_len == b.max_len && a.num_tokens == b.num_tokens &&
-         a.has_zero_kv == b.has_zero_kv && a.kv_offsets == b.kv_offsets &&
-         a.kv_indices == b.kv_indices;
+  return a.batch_size == b.batch_size && a.capacity == b.capacity && a.chunk_len == b.chunk_len &&
+         a.num_chunks == b.num_chunks && a.lens == b.lens && a.cu_len == b.cu_len &&
+         a.max_len == b.max_len && a.num_tokens == b.num_tokens && a.has_zero_kv == b.has_zero_kv &&
+         a.kv_offsets == b.kv_offsets && a.kv_indices == b.kv_indices;
 }
 
 }  // namespace
@@ -24,15 +23,15 @@ MLA_FUZZ_TARGET(chunked_prefix) {
   constexpr int kPages[] = {1, 16, 32, 64, 128};
   const int page = kPages[in.u8() % 5];
   const int bs = static_cast<int>(in.range(0, 16));
-  const int64_t stride = in.range(1, 2048);   // max_context_len
-  const int64_t num_rows = in.range(1, 17);   // req_to_token rows
+  const int64_t stride = in.range(1, 2048);  // max_context_len
+  const int64_t num_rows = in.range(1, 17);  // req_to_token rows
   std::vector<int32_t> prefix, rows;
   for (int b = 0; b < bs; ++b) {
     prefix.push_back(in.mostly(0, stride + 2, 32));
     rows.push_back(in.mostly(0, num_rows, 32));
   }
-  int64_t capacity = in.u8() % 16 == 0 ? int64_t{in.mostly(-4, 64, 2)}
-                                       : std::max(bs, 1) * in.range(1, 600);
+  int64_t capacity =
+      in.u8() % 16 == 0 ? int64_t{in.mostly(-4, 64, 2)} : std::max(bs, 1) * in.range(1, 600);
   if (in.u8() % 64 == 0) capacity = int64_t{1} << in.range(31, 40);
   // A table of slots as a pool writes it: the first slot of each page is page-aligned and its
   // page (with its P slots) lies in an int32 slot space of 2^16 pages.
@@ -49,8 +48,7 @@ MLA_FUZZ_TARGET(chunked_prefix) {
     FUZZ_CHECK(s.code() == StatusCode::kInvalidArgument, "code of {}", s.to_string());
     FUZZ_CHECK(fuzz::names_a_field(s.message(), {"chunked_prefix_capacity", "extend_prefix_lens"}),
                "no field named: {}", s.message());
-    FUZZ_CHECK(same(plan, before), "rejected plan_chunked_prefix wrote the plan: {}",
-               s.message());
+    FUZZ_CHECK(same(plan, before), "rejected plan_chunked_prefix wrote the plan: {}", s.message());
     return "";
   }
   FUZZ_RETURN_IF_FAILED(fuzz::check_chunked_plan(prefix, capacity, plan, {}, {}, 0, page, false));
@@ -58,8 +56,8 @@ MLA_FUZZ_TARGET(chunked_prefix) {
   s = planning::fill_chunk_kv_indices(rows, table, stride, page, &plan);
   if (!s.ok()) {
     FUZZ_CHECK(s.code() == StatusCode::kInvalidArgument, "code of {}", s.to_string());
-    FUZZ_CHECK(fuzz::names_a_field(s.message(), {"req_rows", "req_pool_indices",
-                                                 "max_context_len", "page_size"}),
+    FUZZ_CHECK(fuzz::names_a_field(
+                   s.message(), {"req_rows", "req_pool_indices", "max_context_len", "page_size"}),
                "no field named: {}", s.message());
     FUZZ_CHECK(same(plan, before), "rejected fill_chunk_kv_indices wrote the plan: {}",
                s.message());

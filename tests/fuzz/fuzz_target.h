@@ -7,6 +7,8 @@
 //     tests/fuzz/corpus/<target>/ (the seeds and every crash input found) is replayed.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -14,8 +16,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <fmt/format.h>
 
 namespace mla::fuzz {
 
@@ -54,10 +54,14 @@ class ByteReader {
   int32_t mostly(int64_t lo, int64_t hi, int odds = 16) {
     if (u8() % odds == 0) {
       switch (u8() % 4) {
-        case 0: return std::numeric_limits<int32_t>::min();
-        case 1: return std::numeric_limits<int32_t>::max();
-        case 2: return -static_cast<int32_t>(u8()) - 1;
-        default: return static_cast<int32_t>(u32());
+        case 0:
+          return std::numeric_limits<int32_t>::min();
+        case 1:
+          return std::numeric_limits<int32_t>::max();
+        case 2:
+          return -static_cast<int32_t>(u8()) - 1;
+        default:
+          return static_cast<int32_t>(u32());
       }
     }
     return static_cast<int32_t>(range(lo, hi));
@@ -75,7 +79,8 @@ class ByteReader {
 };
 
 // Whether `message` names one of `fields`.
-inline bool names_a_field(std::string_view message, std::initializer_list<std::string_view> fields) {
+inline bool names_a_field(std::string_view message,
+                          std::initializer_list<std::string_view> fields) {
   for (std::string_view f : fields) {
     if (message.find(f) != std::string_view::npos) return true;
   }
@@ -85,18 +90,18 @@ inline bool names_a_field(std::string_view message, std::initializer_list<std::s
 }  // namespace mla::fuzz
 
 // Defines target `name` and registers it.
-#define MLA_FUZZ_TARGET(name)                                                            \
-  std::string mla_fuzz_##name(const uint8_t* data, std::size_t size);                    \
-  static ::mla::fuzz::Register mla_fuzz_register_##name(#name, &mla_fuzz_##name);        \
+#define MLA_FUZZ_TARGET(name)                                                     \
+  std::string mla_fuzz_##name(const uint8_t* data, std::size_t size);             \
+  static ::mla::fuzz::Register mla_fuzz_register_##name(#name, &mla_fuzz_##name); \
   std::string mla_fuzz_##name(const uint8_t* data, std::size_t size)
 
 // Inside a target or check: returns the formatted failure when `cond` does not hold.
-#define FUZZ_CHECK(cond, ...)                                                            \
-  do {                                                                                   \
-    if (!(cond)) return fmt::format("{}: ", #cond) + fmt::format(__VA_ARGS__);           \
+#define FUZZ_CHECK(cond, ...)                                                  \
+  do {                                                                         \
+    if (!(cond)) return fmt::format("{}: ", #cond) + fmt::format(__VA_ARGS__); \
   } while (0)
-#define FUZZ_RETURN_IF_FAILED(expr)                                                      \
-  do {                                                                                   \
-    std::string fuzz_failure_ = (expr);                                                  \
-    if (!fuzz_failure_.empty()) return fuzz_failure_;                                    \
+#define FUZZ_RETURN_IF_FAILED(expr)                   \
+  do {                                                \
+    std::string fuzz_failure_ = (expr);               \
+    if (!fuzz_failure_.empty()) return fuzz_failure_; \
   } while (0)

@@ -43,8 +43,8 @@ std::string check_state(const LatentKvPool& pool, const Model& m) {
     std::set<int32_t> pages;
     for (std::size_t i = 0; i < values.size(); ++i) {
       const int32_t slot = pool.slot(row, static_cast<int>(i));
-      FUZZ_CHECK(slot >= c.page_size && slot < pool.num_slots(), "row {} token {}: slot {}", row,
-                 i, slot);
+      FUZZ_CHECK(slot >= c.page_size && slot < pool.num_slots(), "row {} token {}: slot {}", row, i,
+                 slot);
       FUZZ_CHECK(slot % c.page_size == static_cast<int32_t>(i % c.page_size),
                  "row {} token {}: slot {} not at its page offset", row, i, slot);
       FUZZ_CHECK(read_value(pool, slot) == values[i], "row {} token {}: reads {} expected {}", row,
@@ -53,8 +53,8 @@ std::string check_state(const LatentKvPool& pool, const Model& m) {
     }
     for (int32_t p : pages) holders[p]++;
     // The device copy of req_to_token (cpu here) matches the host copy.
-    const int32_t* dev = pool.req_to_token().ptr<int32_t>() +
-                         static_cast<std::size_t>(row) * c.max_context_len;
+    const int32_t* dev =
+        pool.req_to_token().ptr<int32_t>() + static_cast<std::size_t>(row) * c.max_context_len;
     for (std::size_t i = 0; i < values.size(); ++i) {
       FUZZ_CHECK(dev[i] == pool.slot(row, static_cast<int>(i)), "row {} token {}: device table",
                  row, i);
@@ -91,8 +91,8 @@ std::string check_rejection(const Status& s, const Snapshot& before, const Laten
                             const char* op) {
   FUZZ_CHECK(s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kOutOfMemory,
              "{}: code of {}", op, s.to_string());
-  FUZZ_CHECK(fuzz::names_a_field(s.message(), {"row", "src", "dst", "len", "new_len", "pages",
-                                               "request rows"}),
+  FUZZ_CHECK(fuzz::names_a_field(s.message(),
+                                 {"row", "src", "dst", "len", "new_len", "pages", "request rows"}),
              "{}: no field named: {}", op, s.message());
   FUZZ_CHECK(snapshot(pool) == before, "{} failed ({}) but changed the pool", op, s.message());
   return "";
@@ -143,7 +143,8 @@ MLA_FUZZ_TARGET(kv_pool) {
       const auto it = m.rows.find(row);
       const int64_t old_len = it == m.rows.end() ? 0 : static_cast<int64_t>(it->second.size());
       const int64_t new_len64 = old_len + add;
-      const int32_t new_len = static_cast<int32_t>(std::clamp<int64_t>(new_len64, INT32_MIN, INT32_MAX));
+      const int32_t new_len =
+          static_cast<int32_t>(std::clamp<int64_t>(new_len64, INT32_MIN, INT32_MAX));
       std::vector<int32_t> slots;
       const Status s = pool.extend_request(row, new_len, &slots);
       if (s.ok()) {
@@ -165,12 +166,12 @@ MLA_FUZZ_TARGET(kv_pool) {
     } else if (op == 3) {  // truncate
       const int row = live_or_any(in.u8());
       const auto it = m.rows.find(row);
-      const int32_t len = it == m.rows.end() ? in.mostly(0, 4, 4)
-                                             : in.mostly(0, static_cast<int64_t>(it->second.size()), 16);
+      const int32_t len = it == m.rows.end()
+                              ? in.mostly(0, 4, 4)
+                              : in.mostly(0, static_cast<int64_t>(it->second.size()), 16);
       const Status s = pool.truncate_request(row, len);
       if (s.ok()) {
-        FUZZ_CHECK(it != m.rows.end() && len >= 0 &&
-                       len <= static_cast<int32_t>(it->second.size()),
+        FUZZ_CHECK(it != m.rows.end() && len >= 0 && len <= static_cast<int32_t>(it->second.size()),
                    "truncate of row {} to {} accepted", row, len);
         it->second.resize(static_cast<std::size_t>(len));
       } else {

@@ -26,8 +26,8 @@ MLA_FUZZ_TARGET(mha_plan) {
   int64_t q_tokens = qo.back() - int64_t{qo.front()};
   if (q_tokens < 0 || q_tokens > (1 << 20)) q_tokens = 1 << 20;  // bound the plan size
   AttnCapacity cap{bs + static_cast<int>(in.range(0, 3)) - (in.u8() % 16 == 0 ? 2 : 0),
-                   q_tokens - (in.u8() % 16 == 0 ? 3 : 0), in.boolean() ? 0 : int64_t{1} << 30,
-                   1, p.num_heads};
+                   q_tokens - (in.u8() % 16 == 0 ? 3 : 0), in.boolean() ? 0 : int64_t{1} << 30, 1,
+                   p.num_heads};
   const std::size_t need = cuda::mha::plan_bytes(cap);
   if (need > (std::size_t{64} << 20)) return "";
   std::vector<std::byte> plan(need - (in.u8() % 32 == 0 ? std::min<std::size_t>(need, 40) : 0),
@@ -38,9 +38,9 @@ MLA_FUZZ_TARGET(mha_plan) {
     const Status& s = used.status();
     FUZZ_CHECK(s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kOutOfWorkspace,
                "code of {}", s.to_string());
-    FUZZ_CHECK(fuzz::names_a_field(s.message(), {"num_heads", "qo_indptr", "kv_indptr",
-                                                 "max_batch", "max_q_tokens", "max_kv_tokens",
-                                                 "host_plan", "tiles", "q_len", "kv_len"}),
+    FUZZ_CHECK(fuzz::names_a_field(
+                   s.message(), {"num_heads", "qo_indptr", "kv_indptr", "max_batch", "max_q_tokens",
+                                 "max_kv_tokens", "host_plan", "tiles", "q_len", "kv_len"}),
                "no field named: {}", s.message());
     FUZZ_CHECK(plan == before, "rejected plan wrote the plan bytes: {}", s.message());
     return "";

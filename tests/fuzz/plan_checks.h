@@ -33,13 +33,12 @@ std::vector<T> read_array(std::span<const std::byte> plan, int64_t offset, int64
 inline std::string check_absorbed_plan(const AbsorbedProblem& p, int num_ctas,
                                        std::span<const std::byte> plan, std::size_t used) {
   using namespace cuda::absorbed;
-  FUZZ_CHECK(used >= sizeof(PlanHeader) && used <= plan.size(), "used {} of {}", used,
-             plan.size());
+  FUZZ_CHECK(used >= sizeof(PlanHeader) && used <= plan.size(), "used {} of {}", used, plan.size());
   PlanHeader h;
   std::memcpy(&h, plan.data(), sizeof(h));
   FUZZ_CHECK(h.num_ctas == num_ctas, "header num_ctas {} vs {}", h.num_ctas, num_ctas);
-  FUZZ_CHECK(h.num_units >= 0 && h.num_combines >= 0 && h.num_partials >= 0,
-             "counts {} {} {}", h.num_units, h.num_combines, h.num_partials);
+  FUZZ_CHECK(h.num_units >= 0 && h.num_combines >= 0 && h.num_partials >= 0, "counts {} {} {}",
+             h.num_units, h.num_combines, h.num_partials);
   FUZZ_CHECK(h.num_partials <= max_partials(num_ctas), "partials {} > bound {}", h.num_partials,
              max_partials(num_ctas));
   FUZZ_CHECK(h.cta_begin_offset + int64_t{num_ctas + 1} * 4 <= static_cast<int64_t>(used) &&
@@ -94,8 +93,8 @@ inline std::string check_absorbed_plan(const AbsorbedProblem& p, int num_ctas,
     FUZZ_CHECK(first_row == next_row, "rows {}..{} not planned (next tile at {})", next_row,
                first_row - 1, first_row);
     next_row = first_row + num_rows;
-    const int b = static_cast<int>(std::upper_bound(row0.begin(), row0.end(), first_row) -
-                                   row0.begin()) - 1;
+    const int b =
+        static_cast<int>(std::upper_bound(row0.begin(), row0.end(), first_row) - row0.begin()) - 1;
     FUZZ_CHECK(b >= 0 && b < bs && next_row <= row0[b + 1], "tile rows {}..{} cross requests",
                first_row, next_row - 1);
     const int32_t ql = p.q_lens[b], kl = p.kv_lens[b];
@@ -105,11 +104,11 @@ inline std::string check_absorbed_plan(const AbsorbedProblem& p, int num_ctas,
     for (const WorkUnit* u : list) {
       FUZZ_CHECK(u->pool_row == p.req_rows[b] && u->q_len == ql && u->kv_len == kl &&
                      u->row_in_req == first_row - row0[b],
-                 "unit of request {}: pool_row {} q_len {} kv_len {} row_in_req {}", b,
-                 u->pool_row, u->q_len, u->kv_len, u->row_in_req);
+                 "unit of request {}: pool_row {} q_len {} kv_len {} row_in_req {}", b, u->pool_row,
+                 u->q_len, u->kv_len, u->row_in_req);
       ranges.emplace_back(u->kv_begin, u->kv_end);
-      FUZZ_CHECK((list.size() == 1) == (u->partial < 0),
-                 "tile at row {}: {} units, partial {}", first_row, list.size(), u->partial);
+      FUZZ_CHECK((list.size() == 1) == (u->partial < 0), "tile at row {}: {} units, partial {}",
+                 first_row, list.size(), u->partial);
     }
     std::sort(ranges.begin(), ranges.end());
     int64_t covered = 0;
@@ -129,8 +128,8 @@ inline std::string check_absorbed_plan(const AbsorbedProblem& p, int num_ctas,
                  c.num_rows, c.num_partials, num_rows, list.size());
       for (const WorkUnit* u : list) {
         FUZZ_CHECK(u->partial >= c.first_partial && u->partial < c.first_partial + c.num_partials,
-                   "unit partial {} outside its combine's [{}, +{})", u->partial,
-                   c.first_partial, c.num_partials);
+                   "unit partial {} outside its combine's [{}, +{})", u->partial, c.first_partial,
+                   c.num_partials);
       }
     }
   }
@@ -150,8 +149,9 @@ inline std::string check_mha_plan(const MhaProblem& p, std::span<const std::byte
   const int64_t bs = static_cast<int64_t>(p.qo_indptr.size()) - 1;
   FUZZ_CHECK(h.batch_size == bs && h.num_heads == p.num_heads && h.head_group >= 1,
              "header bs {} heads {} group {}", h.batch_size, h.num_heads, h.head_group);
-  FUZZ_CHECK(used == sizeof(MhaPlanHeader) + static_cast<std::size_t>(h.num_tiles) * sizeof(MhaTile),
-             "used {} for {} tiles", used, h.num_tiles);
+  FUZZ_CHECK(
+      used == sizeof(MhaPlanHeader) + static_cast<std::size_t>(h.num_tiles) * sizeof(MhaTile),
+      "used {} for {} tiles", used, h.num_tiles);
   const auto tiles = read_array<MhaTile>(plan, sizeof(MhaPlanHeader), h.num_tiles);
   std::vector<std::tuple<int32_t, int32_t, const MhaTile*>> by_row;
   for (const MhaTile& t : tiles) {
@@ -186,9 +186,8 @@ inline std::string check_mha_plan(const MhaProblem& p, std::span<const std::byte
 // slot req_to_token gives it.
 inline std::string check_chunked_plan(std::span<const int32_t> prefix, int64_t capacity,
                                       const planning::ChunkedPrefixPlan& plan,
-                                      std::span<const int32_t> rows,
-                                      std::span<const int32_t> table, int64_t stride,
-                                      int page_size, bool indices) {
+                                      std::span<const int32_t> rows, std::span<const int32_t> table,
+                                      int64_t stride, int page_size, bool indices) {
   const int bs = static_cast<int>(prefix.size());
   FUZZ_CHECK(plan.batch_size == bs && plan.capacity == capacity, "bs {} cap {}", plan.batch_size,
              plan.capacity);
@@ -220,14 +219,14 @@ inline std::string check_chunked_plan(std::span<const int32_t> prefix, int64_t c
       FUZZ_CHECK(cu[b + 1] == sum, "cu_len[{}][{}] = {} vs {}", c, b + 1, cu[b + 1], sum);
     }
     FUZZ_CHECK(sum <= capacity, "chunk {} holds {} tokens > capacity {}", c, sum, capacity);
-    FUZZ_CHECK(plan.num_tokens[c] == sum && plan.max_len[c] == mx &&
-                   (plan.has_zero_kv[c] != 0) == zero,
-               "chunk {} summary", c);
+    FUZZ_CHECK(
+        plan.num_tokens[c] == sum && plan.max_len[c] == mx && (plan.has_zero_kv[c] != 0) == zero,
+        "chunk {} summary", c);
     FUZZ_CHECK(plan.kv_offsets[c + 1] - plan.kv_offsets[c] == sum, "kv_offsets of chunk {}", c);
   }
   for (int b = 0; b < bs; ++b) {
-    FUZZ_CHECK(covered[b] == prefix[b], "request {}: {} of {} prefix tokens planned", b,
-               covered[b], prefix[b]);
+    FUZZ_CHECK(covered[b] == prefix[b], "request {}: {} of {} prefix tokens planned", b, covered[b],
+               prefix[b]);
   }
   if (indices) {
     FUZZ_CHECK(static_cast<int64_t>(plan.kv_indices.size()) == plan.kv_offsets[C],

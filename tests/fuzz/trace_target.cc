@@ -30,8 +30,8 @@ MLA_FUZZ_TARGET(trace) {
   }
   auto reparsed = sim::parse_trace(again);
   FUZZ_CHECK(reparsed.ok(), "round trip rejected: {}", reparsed.status().to_string());
-  FUZZ_CHECK(reparsed->size() == reqs.size(), "round trip has {} of {} requests",
-             reparsed->size(), reqs.size());
+  FUZZ_CHECK(reparsed->size() == reqs.size(), "round trip has {} of {} requests", reparsed->size(),
+             reqs.size());
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     const auto &a = reqs[i], &b = (*reparsed)[i];
     FUZZ_CHECK(a.arrival_step == b.arrival_step && a.prompt_len == b.prompt_len &&

@@ -4,6 +4,7 @@
 // The host plan's properties are unit tests (tests/unit/cuda_absorbed_plan_test.cc), run in CI.
 #ifdef MLA_WITH_CUDA
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,8 +12,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "common/case_gen.h"
 #include "common/compare.h"
@@ -68,8 +67,8 @@ StatusOr<DeviceBuffer> upload(const void* src, std::size_t bytes, const char* na
   MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
                        DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 256),
                                               name, "test", false));
-  MLA_RETURN_IF_ERROR(device_runtime(DeviceType::kCuda)->copy_to_device(buf.data(), src, bytes,
-                                                                        nullptr));
+  MLA_RETURN_IF_ERROR(
+      device_runtime(DeviceType::kCuda)->copy_to_device(buf.data(), src, bytes, nullptr));
   return buf;
 }
 
@@ -219,8 +218,8 @@ TEST_F(AbsorbedDevice, Bf16IgnoresKScale) {
 // returns the plan header so callers can check the tile shape and the split. nan_unused: every
 // cache slot no request uses (the rest of a last page, unallocated pages) holds NaN (bf16, or
 // fp8 e4m3 0x7f), so a kernel that lets a row past kv_end reach P V (0 * NaN) fails.
-PlanHeader run_against_reference(const AbsorbedAttentionOp* op, uint64_t seed, int heads,
-                                 int page, const Batch& b, bool nan_unused = false,
+PlanHeader run_against_reference(const AbsorbedAttentionOp* op, uint64_t seed, int heads, int page,
+                                 const Batch& b, bool nan_unused = false,
                                  DType cache_dtype = DType::kBF16, float k_scale = 1.0f) {
   PlanHeader h{};
   DeviceProblem d = make_problem(seed, heads, page, b, cache_dtype, k_scale);
@@ -283,8 +282,8 @@ TEST_F(AbsorbedDevice, RowTiles64MatchReference) {
   for (const Case& c : cases) {
     SCOPED_TRACE("case " + std::to_string(i) + ": heads " + std::to_string(c.heads) + ", page " +
                  std::to_string(c.page));
-    const PlanHeader h = run_against_reference(op_, mix_seed(base_seed(), 900 + i), c.heads,
-                                               c.page, c.b);
+    const PlanHeader h =
+        run_against_reference(op_, mix_seed(base_seed(), 900 + i), c.heads, c.page, c.b);
     EXPECT_EQ(h.rows_per_tile, 64);
     if (c.expect_split) {
       EXPECT_GT(h.num_combines, 0) << "expected a split schedule";

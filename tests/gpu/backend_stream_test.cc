@@ -180,9 +180,10 @@ TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
     p.kv_lens = b.seq_lens;
     const std::span<const float> q_used(q_f.data(), std::size_t(b.batch_size) * kHeads * 576);
     const RefAttention ref = reference_absorbed(p, q_used, cache_f);
-    const auto* ob = reinterpret_cast<const uint16_t*>(hist_host.data() + k * (o_bytes + lse_bytes));
-    const auto* lb = reinterpret_cast<const float*>(hist_host.data() + k * (o_bytes + lse_bytes) +
-                                                    o_bytes);
+    const auto* ob =
+        reinterpret_cast<const uint16_t*>(hist_host.data() + k * (o_bytes + lse_bytes));
+    const auto* lb =
+        reinterpret_cast<const float*>(hist_host.data() + k * (o_bytes + lse_bytes) + o_bytes);
     double err = 0, norm = 0, lse_err = 0;
     for (std::size_t i = 0; i < ref.o.size(); ++i) {
       bf16 v;

@@ -56,9 +56,11 @@ TEST_P(CudaConformance, MatchesReference) {
   EXPECT_TRUE(r.deterministic) << c.name << ": two runs on the same inputs differ bitwise";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, CudaConformance, ::testing::Range(0, static_cast<int>(all_cases().size())),
-    [](const ::testing::TestParamInfo<int>& info) { return gtest_name(all_cases()[info.param].name); });
+INSTANTIATE_TEST_SUITE_P(All, CudaConformance,
+                         ::testing::Range(0, static_cast<int>(all_cases().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return gtest_name(all_cases()[info.param].name);
+                         });
 
 }  // namespace
 }  // namespace mla::testing

@@ -28,11 +28,11 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Device helpers.
 
-#define MLA_SKIP_WITHOUT_GPU()                                                    \
-  do {                                                                            \
-    if (!device_available(Device::cuda())) {                                      \
+#define MLA_SKIP_WITHOUT_GPU()                                                     \
+  do {                                                                             \
+    if (!device_available(Device::cuda())) {                                       \
       GTEST_SKIP() << "no CUDA device: device_available(Device::cuda()) is false"; \
-    }                                                                             \
+    }                                                                              \
   } while (0)
 
 const OpSet& cuda_ops() {
@@ -46,8 +46,8 @@ DeviceRuntime& rt() { return *device_runtime(DeviceType::kCuda); }
 template <typename T>
 DeviceBuffer upload(const std::vector<T>& host, const char* name) {
   const std::size_t bytes = host.size() * sizeof(T);
-  auto buf = DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 1), name, "test",
-                                    false);
+  auto buf =
+      DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 1), name, "test", false);
   EXPECT_TRUE(buf.ok()) << buf.status().to_string();
   if (!host.empty()) {
     EXPECT_TRUE(rt().copy_to_device(buf->data(), host.data(), bytes, nullptr).ok());
@@ -151,11 +151,11 @@ void expect_mha_matches_reference(MhaSetup& s, const std::vector<int32_t>& qo,
   const std::vector<float> qf = to_float(s.q);
   const std::vector<float> kf = to_float(s.k);
   const std::vector<float> vf = to_float(s.v);
-  const RefAttention ref = reference_mha(
-      std::span(qf).first(static_cast<std::size_t>(tq * s.heads * 192)),
-      std::span(kf).first(static_cast<std::size_t>(kv.back()) * s.heads * 192),
-      std::span(vf).first(static_cast<std::size_t>(kv.back()) * s.heads * 128), qo, kv, s.heads,
-      0.135234, causal);
+  const RefAttention ref =
+      reference_mha(std::span(qf).first(static_cast<std::size_t>(tq * s.heads * 192)),
+                    std::span(kf).first(static_cast<std::size_t>(kv.back()) * s.heads * 192),
+                    std::span(vf).first(static_cast<std::size_t>(kv.back()) * s.heads * 128), qo,
+                    kv, s.heads, 0.135234, causal);
   const Comparison co = compare_values("o", to_float(o), ref.o, default_tolerance(DType::kBF16));
   EXPECT_TRUE(co.ok) << co.message;
   EXPECT_LT(co.global_rel_err, 1e-2);

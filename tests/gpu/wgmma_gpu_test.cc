@@ -52,7 +52,10 @@ TEST_P(WgmmaPrimitives, MatchesCpuProduct) {
   for (int n = 0; n < c.n; ++n)
     for (int k = 0; k < c.k; ++k) {
       const uint16_t v = bf16_of_int(bt[n * c.k + k]);
-      if (c.trans_b) b_h[k * c.n + n] = v; else b_h[n * c.k + k] = v;
+      if (c.trans_b)
+        b_h[k * c.n + n] = v;
+      else
+        b_h[n * c.k + k] = v;
     }
   void *a_d = nullptr, *b_d = nullptr, *d_d = nullptr;
   ASSERT_EQ(cudaMalloc(&a_d, a_h.size() * 2), cudaSuccess);

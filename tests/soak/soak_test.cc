@@ -246,8 +246,7 @@ TEST_P(Soak, TenThousandRequestsLeakNothing) {
   soak(GetParam(), 10000, &r);
   if (HasFatalFailure()) return;
   WorkspaceRegistry::global().release_all_for_testing();
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   EXPECT_EQ(r.requests, 10000);
   EXPECT_EQ(r.leaked_pages, 0) << "pages still held after every request finished";
@@ -273,9 +272,9 @@ TEST_P(Soak, TenThousandRequestsLeakNothing) {
       "resident warm %.1f MiB, after %.1f MiB; leaked pages %lld; %.1f s\n",
       GetParam().c_str(), static_cast<long long>(r.requests), static_cast<long long>(r.steps),
       static_cast<long long>(r.layer_steps), static_cast<long long>(r.checks), r.max_rel_err,
-      static_cast<long long>(r.graph_replays), static_cast<long long>(r.prefix_hits),
-      modes.c_str(), warm_heap / 1048576.0, late_heap / 1048576.0, warm_rss / 1048576.0,
-      late_rss / 1048576.0, static_cast<long long>(r.leaked_pages), secs);
+      static_cast<long long>(r.graph_replays), static_cast<long long>(r.prefix_hits), modes.c_str(),
+      warm_heap / 1048576.0, late_heap / 1048576.0, warm_rss / 1048576.0, late_rss / 1048576.0,
+      static_cast<long long>(r.leaked_pages), secs);
   RecordProperty("steps", static_cast<int>(r.steps));
   RecordProperty("late_heap_bytes", static_cast<int>(late_heap));
 }

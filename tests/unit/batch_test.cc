@@ -314,7 +314,9 @@ std::vector<RejectCase> reject_cases() {
   // Duplicates outside the padding row and the dummy page.
   out.push_back({"decode_RequestRowTwice",
                  ForwardMode::kDecode,
-                 [](F& b, L&) { b.req_pool_indices = {1, 1, 0}; },
+                 [](F& b, L&) {
+                   b.req_pool_indices = {1, 1, 0};
+                 },
                  {"req_pool_indices[1] = 1 repeats req_pool_indices[0]"}});
   return out;
 }

@@ -77,8 +77,8 @@ SchedulerStats run_all(LatentKvPool* pool, const SchedulerConfig& cfg,
   }
   EXPECT_TRUE(sched.done());
   for (const RequestSpec& r : sched.requests()) {
-    EXPECT_EQ(sched.generated()[static_cast<std::size_t>(r.id)], r.output_len) << "request "
-                                                                                 << r.id;
+    EXPECT_EQ(sched.generated()[static_cast<std::size_t>(r.id)], r.output_len)
+        << "request " << r.id;
   }
   SchedulerStats stats = sched.stats();
   EXPECT_EQ(stats.finished, static_cast<int64_t>(reqs.size()));
@@ -166,14 +166,16 @@ TEST(CliScheduler, TightPoolMakesRequestsWaitButNeverRunsOut) {
   SchedulerConfig cfg;
   auto reqs = workload(30, 11);
   int64_t biggest = 0;
-  for (const RequestSpec& r : reqs) biggest = std::max<int64_t>(biggest, r.prompt_len + r.output_len);
+  for (const RequestSpec& r : reqs)
+    biggest = std::max<int64_t>(biggest, r.prompt_len + r.output_len);
   // Room for about two of the largest requests: admission must hold the rest back.
   auto pool = make_pool(16, (biggest * 2 + 31) / 16 * 16, cfg.pool_rows());
   ASSERT_NE(pool, nullptr);
   int max_bs = 0;
-  const SchedulerStats s = run_all(pool.get(), cfg, reqs, [&](const Step& step, const LatentKvPool&) {
-    max_bs = std::max(max_bs, step.batch.batch_size);
-  });
+  const SchedulerStats s =
+      run_all(pool.get(), cfg, reqs, [&](const Step& step, const LatentKvPool&) {
+        max_bs = std::max(max_bs, step.batch.batch_size);
+      });
   EXPECT_LT(max_bs, 30);
   EXPECT_GT(s.peak_used_pages, pool->config().num_pages / 2);
 }
@@ -187,18 +189,19 @@ TEST(CliScheduler, PrefixHitSharesTheCachedSlots) {
   ASSERT_NE(pool, nullptr);
   std::vector<int32_t> first_slots;
   bool checked = false;
-  const SchedulerStats s = run_all(pool.get(), cfg, reqs, [&](const Step& step, const LatentKvPool& p) {
-    const ForwardBatch& b = step.batch;
-    if (b.mode != ForwardMode::kExtend) return;
-    if (step.request_ids[0] == 0) {
-      first_slots.assign(b.out_cache_loc.begin(), b.out_cache_loc.begin() + 64);
-    } else {
-      EXPECT_EQ(b.extend_prefix_lens[0], 64);  // 70 rounded down to the page size
-      EXPECT_EQ(b.extend_seq_lens[0], 26);
-      for (int t = 0; t < 64; ++t) EXPECT_EQ(p.slot(b.req_pool_indices[0], t), first_slots[t]);
-      checked = true;
-    }
-  });
+  const SchedulerStats s =
+      run_all(pool.get(), cfg, reqs, [&](const Step& step, const LatentKvPool& p) {
+        const ForwardBatch& b = step.batch;
+        if (b.mode != ForwardMode::kExtend) return;
+        if (step.request_ids[0] == 0) {
+          first_slots.assign(b.out_cache_loc.begin(), b.out_cache_loc.begin() + 64);
+        } else {
+          EXPECT_EQ(b.extend_prefix_lens[0], 64);  // 70 rounded down to the page size
+          EXPECT_EQ(b.extend_seq_lens[0], 26);
+          for (int t = 0; t < 64; ++t) EXPECT_EQ(p.slot(b.req_pool_indices[0], t), first_slots[t]);
+          checked = true;
+        }
+      });
   EXPECT_TRUE(checked);
   EXPECT_EQ(s.prefix_hits, 1);
   EXPECT_EQ(s.prefix_hit_tokens, 64);

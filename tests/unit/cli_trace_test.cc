@@ -77,8 +77,7 @@ TEST(CliTrace, ErrorsNameLineAndField) {
     auto t = parse_trace(text);
     ASSERT_FALSE(t.ok()) << c.text;
     EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(t.status().message().find("trace line 2"), std::string::npos)
-        << t.status().message();
+    EXPECT_NE(t.status().message().find("trace line 2"), std::string::npos) << t.status().message();
     EXPECT_NE(t.status().message().find(c.expect), std::string::npos) << t.status().message();
   }
 }

@@ -20,8 +20,7 @@ TEST(CliWorkload, SameSeedSameWorkloadOtherSeedDiffers) {
   bool same = true;
   for (std::size_t i = 0; i < a->size(); ++i) {
     same = same && (*a)[i].prompt_len == (*b)[i].prompt_len &&
-           (*a)[i].output_len == (*b)[i].output_len &&
-           (*a)[i].arrival_step == (*b)[i].arrival_step;
+           (*a)[i].output_len == (*b)[i].output_len && (*a)[i].arrival_step == (*b)[i].arrival_step;
   }
   EXPECT_TRUE(same);
   c.seed = 2;

@@ -2,11 +2,11 @@
 // table, its errors, and the properties the op relies on (the kernel depends on neither q_len
 // nor the page, so a captured graph replays the same kernel after a re-plan; the tile rows and
 // the load path do not depend on the cache dtype, so one plan serves either cache).
-#include "kernels/cuda/absorbed/choose.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include "kernels/cuda/absorbed/choose.h"
 
 namespace mla {
 namespace {
@@ -23,9 +23,8 @@ TEST(CudaAbsorbedChoose, Table) {
   for (int heads : kHeads) {
     for (int page : kPages) {
       for (int q_len : kQLens) {
-        const std::string at =
-            "heads " + std::to_string(heads) + " page " + std::to_string(page) + " q_len " +
-            std::to_string(q_len);
+        const std::string at = "heads " + std::to_string(heads) + " page " + std::to_string(page) +
+                               " q_len " + std::to_string(q_len);
         const auto bf = choose_kernel(heads, q_len, page, DType::kBF16);
         const auto f8 = choose_kernel(heads, q_len, page, DType::kFP8E4M3);
         ASSERT_TRUE(bf.ok()) << at << ": " << bf.status().to_string();
@@ -70,10 +69,14 @@ TEST(CudaAbsorbedChoose, RejectsWhatNoKernelRunsNamingTheField) {
     const char* field;
   };
   const Bad bad[] = {
-      {8, 1, 64, DType::kBF16, "num_heads = 8"},   {48, 1, 64, DType::kBF16, "num_heads = 48"},
-      {256, 1, 64, DType::kBF16, "num_heads = 256"}, {16, 1, 8, DType::kBF16, "page_size = 8"},
-      {16, 1, 256, DType::kBF16, "page_size = 256"}, {16, 0, 64, DType::kBF16, "q_len = 0"},
-      {16, 1, 64, DType::kF32, "f32"},               {16, 1, 64, DType::kI32, "i32"},
+      {8, 1, 64, DType::kBF16, "num_heads = 8"},
+      {48, 1, 64, DType::kBF16, "num_heads = 48"},
+      {256, 1, 64, DType::kBF16, "num_heads = 256"},
+      {16, 1, 8, DType::kBF16, "page_size = 8"},
+      {16, 1, 256, DType::kBF16, "page_size = 256"},
+      {16, 0, 64, DType::kBF16, "q_len = 0"},
+      {16, 1, 64, DType::kF32, "f32"},
+      {16, 1, 64, DType::kI32, "i32"},
   };
   for (const Bad& b : bad) {
     const auto c = choose_kernel(b.heads, b.q_len, b.page, b.dt);

@@ -82,8 +82,8 @@ StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnC
   MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
                 "num_heads = {} differs from the capacity's num_heads = {}", p.num_heads,
                 cap.num_heads);
-  MLA_CHECK_ARG(is_supported_page_size(p.page_size), "page_size = {} (supported: 1, 16, 32, 64, 128)",
-                p.page_size);
+  MLA_CHECK_ARG(is_supported_page_size(p.page_size),
+                "page_size = {} (supported: 1, 16, 32, 64, 128)", p.page_size);
   MLA_CHECK_ARG(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
                 "req_rows / q_lens / kv_lens sizes differ: {} / {} / {}", p.req_rows.size(),
                 p.q_lens.size(), p.kv_lens.size());
@@ -136,8 +136,8 @@ StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnC
       t.tiles = (t.kv_extent + kBlockN - 1) / kBlockN;
       s.tiles.push_back(t);
     }
-    max_tiles_per_req = std::max(max_tiles_per_req,
-                                 static_cast<int>(s.tiles.size()) - s.first_tile[b]);
+    max_tiles_per_req =
+        std::max(max_tiles_per_req, static_cast<int>(s.tiles.size()) - s.first_tile[b]);
     q_row += rows;
   }
   s.first_tile[bs] = static_cast<int32_t>(s.tiles.size());
@@ -150,7 +150,8 @@ StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnC
   // (otherwise 128-head decode reads the cache twice from DRAM: 2 x 1152 B per key).
   const int groups =
       max_tiles_per_req >= 2 && max_tiles_per_req <= 4 && num_ctas >= 2 * max_tiles_per_req
-          ? max_tiles_per_req : 1;
+          ? max_tiles_per_req
+          : 1;
   const int ctas_per_group = num_ctas / groups;
   // Items cut across one group's CTAs: requests (grouped) or row tiles (ungrouped).
   std::vector<int64_t>& item_tiles = s.item_tiles;
@@ -281,8 +282,7 @@ StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnC
   h.combines_offset = static_cast<int32_t>(layout.combines_offset);
   h.tma_box_rows = p.page_size >= 64 ? 64 : 0;  // the chooser's load path (added later)
   std::memcpy(base, &h, sizeof(h));
-  std::memcpy(base + layout.cta_begin_offset, cta_begin.data(),
-              sizeof(int32_t) * cta_begin.size());
+  std::memcpy(base + layout.cta_begin_offset, cta_begin.data(), sizeof(int32_t) * cta_begin.size());
   if (!combines.empty()) {  // memcpy from an empty vector's null data() is undefined
     std::memcpy(base + layout.combines_offset, combines.data(),
                 sizeof(CombineUnit) * combines.size());
@@ -370,7 +370,8 @@ TEST(AbsorbedPlan, RandomBatchesCoverEveryRowAndKeyOnce) {
         ASSERT_NE(it, covered.end()) << "row " << row << " not planned";
         const int query = static_cast<int>(r / heads);
         const int limit = b.kv_lens[i] == 0 ? 0 : b.kv_lens[i] - b.q_lens[i] + query + 1;
-        for (int k = 0; k < limit; ++k) ASSERT_EQ(it->second[k], 1) << "row " << row << " key " << k;
+        for (int k = 0; k < limit; ++k)
+          ASSERT_EQ(it->second[k], 1) << "row " << row << " key " << k;
       }
     }
     ASSERT_EQ(static_cast<int64_t>(covered.size()), row);
@@ -413,8 +414,8 @@ TEST(AbsorbedPlan, VariableLengthsStayBalanced) {
     }
     const int64_t groups = heads == 128 ? 2 : 1;
     const double ideal = static_cast<double>(total) / (ctas / groups * groups);
-    EXPECT_LE(worst, ideal * 1.1 + 4) << "heads " << heads << ": worst CTA " << worst
-                                      << " key tiles vs equal share " << ideal;
+    EXPECT_LE(worst, ideal * 1.1 + 4)
+        << "heads " << heads << ": worst CTA " << worst << " key tiles vs equal share " << ideal;
   }
 }
 
@@ -460,7 +461,6 @@ TEST(AbsorbedPlan, ReplanningIsDeterministicAndForgetsTheLastBatch) {
   }
 }
 
-
 // What a plan says, less the bytes it leaves unwritten (region padding, slots past its counts).
 struct PlanContent {
   PlanHeader header{};
@@ -495,7 +495,8 @@ int64_t max_cta_cost(const PlanContent& c) {
     int64_t cost = 0;
     for (int i = c.cta_begin[g]; i < c.cta_begin[g + 1]; ++i) {
       cost += (units[i].kv_end - units[i].kv_begin + cuda::absorbed::kBlockN - 1) /
-                  cuda::absorbed::kBlockN + 1;
+                  cuda::absorbed::kBlockN +
+              1;
     }
     worst = std::max(worst, cost);
   }
@@ -538,7 +539,7 @@ TEST(AbsorbedPlan, MatchesTheReferencePlannerByteForByte) {
   for (int iter = 0; iter < 6000; ++iter) {
     const int heads = 16 << rng.uniform_int(0, 3);
     const int pick = static_cast<int>(rng.uniform_int(0, 5));
-    const int ctas = pick == 0 ? static_cast<int>(rng.uniform_int(1, 8))
+    const int ctas = pick == 0   ? static_cast<int>(rng.uniform_int(1, 8))
                      : pick == 1 ? static_cast<int>(rng.uniform_int(9, 300))
                                  : 132;
     const int bs = rng.uniform_int(0, 3) == 0 ? static_cast<int>(rng.uniform_int(0, 8))
@@ -645,8 +646,8 @@ TEST(AbsorbedPlan, VerifyAndMixedBatchesMatchTheReference) {
             continue;
           }
           EXPECT_TRUE(content_of(got, *g) == content_of(want, *w))
-              << "heads " << heads << " q_len " << q_len << " bs " << bs << " variant "
-              << variant << " ctas " << ctas;
+              << "heads " << heads << " q_len " << q_len << " bs " << bs << " variant " << variant
+              << " ctas " << ctas;
           ++compared;
         }
       }

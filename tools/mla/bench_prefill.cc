@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/common.h"
 #include "kernels/cuda/absorbed/fill.h"
+#include "kernels/cuda/common.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/memory.h"
@@ -28,8 +28,8 @@ constexpr int kHeads = 128;
 
 StatusOr<DeviceBuffer> random_buffer(int64_t elems, uint64_t seed, cudaStream_t stream,
                                      const char* name) {
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(Device::cuda(), elems * 2, name,
-                                                              "bench", false));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer b,
+                       DeviceBuffer::allocate(Device::cuda(), elems * 2, name, "bench", false));
   MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(b.data(), elems, seed, 0.25f, stream));
   return b;
 }
@@ -65,18 +65,18 @@ Status bench_mha(int b, int s, int iters, cudaStream_t stream, const BenchSink& 
   MLA_ASSIGN_OR_RETURN(DeviceBuffer k, random_buffer(t * kHeads * 192, 12, stream, "bench.k"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer v, random_buffer(t * kHeads * 128, 13, stream, "bench.v"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer o, random_buffer(t * kHeads * 128, 14, stream, "bench.o"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse",
-                                                                "bench", false));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer lse,
+                       DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse", "bench", false));
   std::vector<int32_t> indptr(static_cast<std::size_t>(b) + 1);
   for (int i = 0; i <= b; ++i) indptr[i] = i * s;
   const AttnCapacity cap{b, t, t, 1, kHeads};
   std::vector<std::byte> host_plan(op.plan_bytes(cap));
   MLA_ASSIGN_OR_RETURN(std::size_t used,
                        op.plan(MhaProblem{kHeads, true, indptr, indptr}, cap, host_plan));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer plan, DeviceBuffer::allocate(dev, host_plan.size(),
-                                                                 "bench.plan", "bench", false));
-  MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(plan.data(), host_plan.data(), used, cudaMemcpyHostToDevice,
-                               stream));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer plan,
+                       DeviceBuffer::allocate(dev, host_plan.size(), "bench.plan", "bench", false));
+  MLA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(plan.data(), host_plan.data(), used, cudaMemcpyHostToDevice, stream));
   MhaArgs a;
   a.q = TensorView(q.data(), DType::kBF16, dev, {t, kHeads, 192});
   a.k = TensorView(k.data(), DType::kBF16, dev, {t, kHeads, 192});
@@ -89,10 +89,22 @@ Status bench_mha(int b, int s, int iters, cudaStream_t stream, const BenchSink& 
   MLA_ASSIGN_OR_RETURN(auto times, time_runs(stream, 3, iters, [&] { return op.run(a, ctx); }));
   const double flops = 2.0 * b * (double(s) * s / 2) * kHeads * (192 + 128);
   const double tflops = flops / (times.first * 1e-6) / 1e12;
-  sink({{"op", "prefill_mha"}, {"backend", "cuda"}, {"b", b}, {"s_q", s}, {"h_q", kHeads},
-        {"s_k", s}, {"page_size", 0}, {"varlen", false}, {"causal", true}, {"us", times.first},
-        {"us_min", times.second}, {"tflops", tflops}, {"gbps", 0.0}, {"bound", "compute"},
-        {"ceiling_fraction", tflops / kPeakTflops}, {"iters", iters}});
+  sink({{"op", "prefill_mha"},
+        {"backend", "cuda"},
+        {"b", b},
+        {"s_q", s},
+        {"h_q", kHeads},
+        {"s_k", s},
+        {"page_size", 0},
+        {"varlen", false},
+        {"causal", true},
+        {"us", times.first},
+        {"us_min", times.second},
+        {"tflops", tflops},
+        {"gbps", 0.0},
+        {"bound", "compute"},
+        {"ceiling_fraction", tflops / kPeakTflops},
+        {"iters", iters}});
   return Status::Ok();
 }
 
@@ -115,8 +127,8 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
   std::vector<int32_t> slots;
   MLA_RETURN_IF_ERROR(pool->extend_request(row, kPrefix, &slots));
   MLA_RETURN_IF_ERROR(pool->extend_request(row, kPrefix + kNew, &slots));
-  MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(pool->layer_cache(0).data, pool->num_slots() * 576, 21,
-                                      0.25f, stream));
+  MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(pool->layer_cache(0).data,
+                                                  pool->num_slots() * 576, 21, 0.25f, stream));
 
   ForwardBatch batch;
   batch.mode = ForwardMode::kExtend;
@@ -141,11 +153,11 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
   MLA_ASSIGN_OR_RETURN(DeviceBuffer k, random_buffer(t * kHeads * 192, 32, stream, "bench.k"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer v, random_buffer(t * kHeads * 128, 33, stream, "bench.v"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer ckv, random_buffer(t * 576, 34, stream, "bench.c_kv"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer w, random_buffer(int64_t{kHeads} * 256 * 512, 35, stream,
-                                                     "bench.kv_b_proj"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer w,
+                       random_buffer(int64_t{kHeads} * 256 * 512, 35, stream, "bench.kv_b_proj"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer o, random_buffer(t * kHeads * 128, 36, stream, "bench.o"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse",
-                                                                "bench", false));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer lse,
+                       DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse", "bench", false));
   AttentionInputs in;
   in.layer = 0;
   in.c_kv = TensorView(ckv.data(), DType::kBF16, dev, {t, 512});
@@ -166,11 +178,21 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
   const double pairs = double(kNew) * kPrefix + double(kNew) * (kNew + 1) / 2;
   const double flops = pairs * kHeads * 2 * (192 + 128);
   const double tflops = flops / (times.first * 1e-6) / 1e12;
-  sink({{"op", "extend"}, {"backend", backend_name},
-        {"method", std::string(forward_method_name(backend->forward_method()))}, {"b", 1},
-        {"s_q", kNew}, {"h_q", kHeads}, {"s_k", kPrefix + kNew}, {"page_size", kPage},
-        {"varlen", false}, {"us", times.first}, {"us_min", times.second}, {"tflops", tflops},
-        {"gbps", 0.0}, {"bound", "compute"}, {"ceiling_fraction", tflops / kPeakTflops},
+  sink({{"op", "extend"},
+        {"backend", backend_name},
+        {"method", std::string(forward_method_name(backend->forward_method()))},
+        {"b", 1},
+        {"s_q", kNew},
+        {"h_q", kHeads},
+        {"s_k", kPrefix + kNew},
+        {"page_size", kPage},
+        {"varlen", false},
+        {"us", times.first},
+        {"us_min", times.second},
+        {"tflops", tflops},
+        {"gbps", 0.0},
+        {"bound", "compute"},
+        {"ceiling_fraction", tflops / kPeakTflops},
         {"iters", iters}});
   return Status::Ok();
 }

@@ -155,7 +155,8 @@ CLI::Validator words_in(std::vector<std::string> allowed) {
           any = true;
           pos = end + 1;
         }
-        return any ? std::string() : fmt::format("{} names nothing (use {})", quote_text(text), list);
+        return any ? std::string()
+                   : fmt::format("{} names nothing (use {})", quote_text(text), list);
       },
       "");
 }
@@ -246,7 +247,9 @@ int64_t now_ns() {
 }  // namespace
 
 Progress::Progress(std::string label, int64_t total, bool enabled)
-    : label_(std::move(label)), total_(std::max<int64_t>(total, 1)), enabled_(enabled),
+    : label_(std::move(label)),
+      total_(std::max<int64_t>(total, 1)),
+      enabled_(enabled),
       tty_(isatty(fileno(stderr)) != 0) {}
 
 void Progress::update(int64_t done, std::string_view detail) {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -37,13 +36,13 @@ std::vector<Device> all_devices();
 // its canonical decimal form (attach the integer ones with ->transform(), which keeps the
 // rewrite; ->check() would discard it); an error names the flag (CLI11 prefixes it) and quotes
 // the text.
-CLI::Validator integer_in(int64_t lo, int64_t hi);        // a base-10 integer in lo..hi
-CLI::Validator unsigned_integer();                         // a base-10 integer in 0..2^64-1
+CLI::Validator integer_in(int64_t lo, int64_t hi);  // a base-10 integer in lo..hi
+CLI::Validator unsigned_integer();                  // a base-10 integer in 0..2^64-1
 CLI::Validator integer_one_of(std::vector<int64_t> allowed);
-CLI::Validator positive_finite();                          // a finite number > 0
-CLI::Validator device_name();                              // cpu, cuda, cuda:N
-CLI::Validator word_in(std::vector<std::string> allowed);  // one of these words
-CLI::Validator words_in(std::vector<std::string> allowed); // comma list of these words
+CLI::Validator positive_finite();                           // a finite number > 0
+CLI::Validator device_name();                               // cpu, cuda, cuda:N
+CLI::Validator word_in(std::vector<std::string> allowed);   // one of these words
+CLI::Validator words_in(std::vector<std::string> allowed);  // comma list of these words
 
 // Prints "mla: <status>" on stderr and returns 1.
 int fail(const Status& status);

@@ -5,7 +5,8 @@
 // first, median, q/o sets rotated, random normal/4 data (never zeros).
 // Every result is one JSON object (date, commit, gpu, op, backend, b, s_q, h_q, s_k, page_size,
 // varlen, cache_dtype, us, tflops, gbps, ...; decode gbps counts the bytes actually moved: 576
-// bytes per key for an fp8 cache, 1152 for bf16); --json prints them one per line, --out appends them to a file.
+// bytes per key for an fp8 cache, 1152 for bf16); --json prints them one per line, --out appends
+// them to a file.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -178,21 +179,22 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
     MLA_ASSIGN_OR_RETURN(q[s], alloc(tokens * c.h_q * 576 * 2, "bench.q"));
     MLA_ASSIGN_OR_RETURN(o[s], alloc(tokens * c.h_q * 512 * 2, "bench.o"));
     MLA_ASSIGN_OR_RETURN(lse[s], alloc(tokens * c.h_q * 4, "bench.lse"));
-    MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576, seed + 17 * s + 1, 0.25f,
-                                      db.stream));
+    MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576,
+                                                    seed + 17 * s + 1, 0.25f, db.stream));
   }
-  MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(plan_d.data(), plan.data(), plan_used, cudaMemcpyHostToDevice,
-                             db.stream));
+  MLA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(plan_d.data(), plan.data(), plan_used, cudaMemcpyHostToDevice, db.stream));
   MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r2t.data(), layout.req_to_token.data(),
-                             layout.req_to_token.size() * 4, cudaMemcpyHostToDevice, db.stream));
+                                           layout.req_to_token.size() * 4, cudaMemcpyHostToDevice,
+                                           db.stream));
   const auto args_for = [&](int s) {
     AbsorbedArgs a;
     a.q = TensorView(q[s].data(), DType::kBF16, dev, {tokens, c.h_q, 576});
     a.kv_cache = TensorView(fp8 ? db.cache_fp8.data() : db.cache.data(), c.cache_dtype, dev,
                             {db.cache_slots, 576});
     a.k_scale = fp8 ? 1.5f : 1.0f;
-    a.req_to_token = TensorView(r2t.data(), DType::kI32, dev,
-                                {layout.num_rows, layout.max_context_len});
+    a.req_to_token =
+        TensorView(r2t.data(), DType::kI32, dev, {layout.num_rows, layout.max_context_len});
     a.o = TensorView(o[s].data(), DType::kBF16, dev, {tokens, c.h_q, 512});
     a.lse = TensorView(lse[s].data(), DType::kF32, dev, {tokens, c.h_q});
     a.sm_scale = 0.135234f;
@@ -212,7 +214,8 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   }
   MLA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(db.stream));
   std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) MLA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (int i = 0; i < iters; ++i)
+    MLA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   const double us = 1e3 * ms[iters / 2];
@@ -225,15 +228,23 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   const double tflops = flops / (us * 1e-6) / 1e12;
   const double gbps = bytes / (us * 1e-6) / 1e9;
   const double t_compute = flops / (kPeakTflops * 1e12), t_memory = bytes / (kPeakGbps * 1e9);
-  nlohmann::json row = {{"op", "decode"},        {"backend", "cuda"},  {"b", c.b},
-                        {"s_q", c.s_q},          {"h_q", c.h_q},       {"s_k", c.s_k},
-                        {"page_size", c.page},   {"varlen", c.varlen}, {"us", us},
+  nlohmann::json row = {{"op", "decode"},
+                        {"backend", "cuda"},
+                        {"b", c.b},
+                        {"s_q", c.s_q},
+                        {"h_q", c.h_q},
+                        {"s_k", c.s_k},
+                        {"page_size", c.page},
+                        {"varlen", c.varlen},
+                        {"us", us},
                         {"cache_dtype", std::string(dtype_name(c.cache_dtype))},
                         {"kv_bytes_per_key", kv_bytes_per_key},
-                        {"tflops", tflops},      {"gbps", gbps},
+                        {"tflops", tflops},
+                        {"gbps", gbps},
                         {"bound", t_compute >= t_memory ? "compute" : "memory"},
                         {"ceiling_fraction", std::max(t_compute, t_memory) / (us * 1e-6)},
-                        {"us_min", 1e3 * ms.front()}, {"iters", iters}};
+                        {"us_min", 1e3 * ms.front()},
+                        {"iters", iters}};
   return row;
 }
 
@@ -277,8 +288,8 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
   for (const DecodeConfig& c : grid) {
     auto row = bench_decode(db, c, opt.iters, seed++);
     if (!row.ok()) {
-      std::fprintf(stderr, "decode b=%d s_q=%d h_q=%d s_k=%d page=%d %s: %s\n", c.b, c.s_q,
-                   c.h_q, c.s_k, c.page, std::string(dtype_name(c.cache_dtype)).c_str(),
+      std::fprintf(stderr, "decode b=%d s_q=%d h_q=%d s_k=%d page=%d %s: %s\n", c.b, c.s_q, c.h_q,
+                   c.s_k, c.page, std::string(dtype_name(c.cache_dtype)).c_str(),
                    row.status().to_string().c_str());
       ++failures;
       continue;
@@ -296,14 +307,16 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
 
 int run_bench(const BenchOptions& opt) {
   if (opt.device != "cuda") {
-    std::fprintf(stderr, "mla bench: --device %s: only --device cuda is timed here (host "
-                         "planning benchmarks are the Google Benchmark executable in bench/)\n",
+    std::fprintf(stderr,
+                 "mla bench: --device %s: only --device cuda is timed here (host "
+                 "planning benchmarks are the Google Benchmark executable in bench/)\n",
                  opt.device.c_str());
     return 2;
   }
 #ifndef MLA_WITH_CUDA
-  std::fprintf(stderr, "mla bench: --device cuda: this build has no CUDA (configure with "
-                       "-DMLA_CUDA=ON)\n");
+  std::fprintf(stderr,
+               "mla bench: --device cuda: this build has no CUDA (configure with "
+               "-DMLA_CUDA=ON)\n");
   return 2;
 #else
   if (!device_available(Device::cuda())) {

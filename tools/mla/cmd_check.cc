@@ -50,14 +50,16 @@ int run_check(const CheckOptions& o) {
     if (o.filter.empty() || c.name.find(o.filter) != std::string::npos) cases.push_back(c);
   }
   if (cases.empty()) {
-    return fail(invalid_argument("--filter \"{}\" matches none of the {} {} cases; nothing was "
-                                 "checked",
-                                 o.filter, testing::conformance_cases(scope).size(),
-                                 o.full ? "full" : "quick"));
+    return fail(invalid_argument(
+        "--filter \"{}\" matches none of the {} {} cases; nothing was "
+        "checked",
+        o.filter, testing::conformance_cases(scope).size(), o.full ? "full" : "quick"));
   }
 
-  json out{{"scope", o.full ? "full" : "quick"}, {"filter", o.filter},
-           {"seed", testing::base_seed()}, {"devices", json::array()}};
+  json out{{"scope", o.full ? "full" : "quick"},
+           {"filter", o.filter},
+           {"seed", testing::base_seed()},
+           {"devices", json::array()}};
   int64_t failed_total = 0, run_total = 0;
   for (const Device& dev : devices) {
     json dj{{"device", dev.to_string()}, {"op_sets", json::array()}};
@@ -92,8 +94,11 @@ int run_check(const CheckOptions& o) {
           ++fail_n;
           ++counts[1];
         }
-        json cj{{"name", r.name}, {"result", verdict}, {"max_rel_err", r.max_rel_err},
-                {"max_abs_err", r.max_abs_err}, {"lse_max_abs_err", r.lse_max_abs_err}};
+        json cj{{"name", r.name},
+                {"result", verdict},
+                {"max_rel_err", r.max_rel_err},
+                {"max_abs_err", r.max_abs_err},
+                {"lse_max_abs_err", r.lse_max_abs_err}};
         if (r.skipped) cj["reason"] = r.skip_reason;
         if (!r.passed && !r.skipped) cj["message"] = r.message;
         sj["cases"].push_back(std::move(cj));

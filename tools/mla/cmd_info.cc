@@ -54,14 +54,17 @@ json devices_json() {
     DeviceRuntime* rt = device_runtime(t);
     const std::string type = t == DeviceType::kCpu ? "cpu" : "cuda";
     if (rt == nullptr || rt->device_count() == 0) {
-      out.push_back({{"type", type}, {"available", false},
+      out.push_back({{"type", type},
+                     {"available", false},
                      {"reason", t == DeviceType::kCuda && !built_with_cuda()
                                     ? "not built with CUDA (MLA_CUDA=OFF)"
                                     : "no device found"}});
       continue;
     }
     for (int i = 0; i < rt->device_count(); ++i) {
-      out.push_back({{"type", type}, {"index", i}, {"available", true},
+      out.push_back({{"type", type},
+                     {"index", i},
+                     {"available", true},
                      {"description", rt->describe(i)},
                      {"multiprocessors", rt->multiprocessor_count(i)}});
     }
@@ -133,21 +136,25 @@ int run_info(const InfoOptions& o) {
   }
   j["backends"] = json::array();
   for (const std::string& n : BackendRegistry::global().names()) {
-    j["backends"].push_back({{"name", n}, {"description", BackendRegistry::global().description(n)}});
+    j["backends"].push_back(
+        {{"name", n}, {"description", BackendRegistry::global().description(n)}});
   }
   j["models"] = json::array();
   for (const std::string& n : model_preset_names()) {
     auto m = model_preset(n);
-    j["models"].push_back({{"name", n}, {"num_heads", m->num_heads},
-                           {"num_layers", m->num_layers}, {"sm_scale", m->sm_scale}});
+    j["models"].push_back({{"name", n},
+                           {"num_heads", m->num_heads},
+                           {"num_layers", m->num_layers},
+                           {"sm_scale", m->sm_scale}});
   }
   int rc = 0;
   if (!o.device.empty()) {
     auto dev = parse_device(o.device);
     if (!dev.ok()) return fail(dev.status());
-    json report{{"device", dev->to_string()}, {"model", "deepseek-v3"}, {"num_heads", 128},
-                {"graph_max_bs", kReportBatch}, {"q_len", kReportQLen},
-                {"budget_bytes", kReportBudgetBytes}, {"backends", json::array()}};
+    json report{{"device", dev->to_string()}, {"model", "deepseek-v3"},
+                {"num_heads", 128},           {"graph_max_bs", kReportBatch},
+                {"q_len", kReportQLen},       {"budget_bytes", kReportBudgetBytes},
+                {"backends", json::array()}};
     if (!device_available(*dev)) {
       report["skipped"] = fmt::format("device {} is not available", dev->to_string());
     } else {
@@ -182,8 +189,8 @@ int run_info(const InfoOptions& o) {
   for (const auto& s : j["op_sets"]) {
     std::string ops;
     for (const auto& op : s["ops"]) ops += (ops.empty() ? "" : " ") + op.get<std::string>();
-    fmt::print("  {:<10} {:<5} {}\n", s["name"].get<std::string>(),
-               s["device"].get<std::string>(), ops.empty() ? "(no ops registered)" : ops);
+    fmt::print("  {:<10} {:<5} {}\n", s["name"].get<std::string>(), s["device"].get<std::string>(),
+               ops.empty() ? "(no ops registered)" : ops);
   }
   fmt::print("\nbackends:\n");
   if (j["backends"].empty()) fmt::print("  (none registered)\n");
@@ -197,10 +204,10 @@ int run_info(const InfoOptions& o) {
   }
   if (j.contains("memory")) {
     const json& m = j["memory"];
-    fmt::print("\ndevice memory outside the KV pool on {} (deepseek-v3, 128 heads, graph state "
-               "for batch {}, q_len {}; budget {}):\n",
-               m["device"].get<std::string>(), kReportBatch, kReportQLen,
-               human_bytes(kReportBudgetBytes));
+    fmt::print(
+        "\ndevice memory outside the KV pool on {} (deepseek-v3, 128 heads, graph state "
+        "for batch {}, q_len {}; budget {}):\n",
+        m["device"].get<std::string>(), kReportBatch, kReportQLen, human_bytes(kReportBudgetBytes));
     if (m.contains("skipped")) fmt::print("  skipped: {}\n", m["skipped"].get<std::string>());
     for (const auto& be : m["backends"]) {
       const std::string name = be["backend"].get<std::string>();
@@ -226,8 +233,9 @@ int run_info(const InfoOptions& o) {
 CLI::App* add_info_command(CLI::App& app, CommandRunner* runner) {
   auto opts = std::make_shared<InfoOptions>();
   CLI::App* sub = app.add_subcommand(
-      "info", "Build flags, devices, op sets, backends, model presets; with --device, the "
-              "memory each backend allocates outside the KV pool");
+      "info",
+      "Build flags, devices, op sets, backends, model presets; with --device, the "
+      "memory each backend allocates outside the KV pool");
   sub->add_option("--device", opts->device,
                   "Report per-backend device memory for DeepSeek-V3 (128 heads), graph state for "
                   "batch 256, q_len 2 on this device (cpu, cuda, cuda:N)")

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "backends/backend_base.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
-#include "backends/backend_base.h"
 #include "mla/ops.h"
 #include "planning/chunked_prefix.h"
 
@@ -30,8 +30,8 @@ struct PlanOptions {
   std::string model = "deepseek-v3";
   std::string mode = "extend";
   int batch_size = 4;
-  int seq_len = 1024;   // decode/verify: committed length; extend: prefix + new tokens
-  int prefix_len = 0;   // extend-like: cached prefix per request
+  int seq_len = 1024;            // decode/verify: committed length; extend: prefix + new tokens
+  int prefix_len = 0;            // extend-like: cached prefix per request
   std::vector<int> prefix_lens;  // per request, overrides --prefix-len
   int draft_tokens = 2;
   int page_size = 64;
@@ -51,7 +51,8 @@ Status build_batch(const PlanOptions& o, LatentKvPool& pool, ForwardBatch* b) {
   for (int i = 0; i < o.batch_size; ++i) {
     MLA_ASSIGN_OR_RETURN(const int row, pool.alloc_request());
     int32_t before = 0, after = 0;  // request length before / after the batch's new tokens
-    int32_t prefix = o.prefix_lens.empty() ? o.prefix_len : o.prefix_lens[static_cast<std::size_t>(i)];
+    int32_t prefix =
+        o.prefix_lens.empty() ? o.prefix_len : o.prefix_lens[static_cast<std::size_t>(i)];
     switch (b->mode) {
       case ForwardMode::kDecode:
         before = o.seq_len - 1;
@@ -66,8 +67,8 @@ Status build_batch(const PlanOptions& o, LatentKvPool& pool, ForwardBatch* b) {
         [[fallthrough]];
       default:
         MLA_CHECK_ARG(prefix >= 0 && prefix < o.seq_len,
-                      "prefix length {} of request {} must be in 0..--seq-len - 1 = {}", prefix,
-                      i, o.seq_len - 1);
+                      "prefix length {} of request {} must be in 0..--seq-len - 1 = {}", prefix, i,
+                      o.seq_len - 1);
         before = prefix;
         after = o.seq_len;
     }
@@ -92,8 +93,9 @@ int run_plan(const PlanOptions& o) {
   auto model = model_preset(o.model);
   if (!model.ok()) return fail(model.status());
   if (o.batch_size < 1 || o.seq_len < 1 || o.draft_tokens < 1) {
-    return fail(invalid_argument("--batch-size = {}, --seq-len = {}, --draft-tokens = {} must be >= 1",
-                                 o.batch_size, o.seq_len, o.draft_tokens));
+    return fail(
+        invalid_argument("--batch-size = {}, --seq-len = {}, --draft-tokens = {} must be >= 1",
+                         o.batch_size, o.seq_len, o.draft_tokens));
   }
   if (!o.prefix_lens.empty() && static_cast<int>(o.prefix_lens.size()) != o.batch_size) {
     return fail(invalid_argument("--prefix-lens {} has {} entries, --batch-size is {}",
@@ -105,8 +107,8 @@ int run_plan(const PlanOptions& o) {
   pc.page_size = o.page_size;
   pc.max_requests = o.batch_size;
   pc.max_context_len = o.seq_len + o.draft_tokens;
-  pc.num_pages = static_cast<int64_t>(o.batch_size) *
-                 ((pc.max_context_len + o.page_size - 1) / o.page_size);
+  pc.num_pages =
+      static_cast<int64_t>(o.batch_size) * ((pc.max_context_len + o.page_size - 1) / o.page_size);
   pc.latent_dim = model->latent_dim();
   pc.device = *device;
   auto pool = LatentKvPool::create(pc);
@@ -135,18 +137,26 @@ int run_plan(const PlanOptions& o) {
   if (Status s = plan_batch(be, batch); !s.ok()) return fail(s);
   const PlanningStats& st = be.planning_stats();
 
-  json j{{"backend", o.backend}, {"device", device->to_string()}, {"model", o.model},
-         {"mode", forward_mode_name(batch.mode)}, {"batch_size", batch.batch_size},
-         {"seq_lens", batch.seq_lens}, {"extend_prefix_lens", batch.extend_prefix_lens},
-         {"extend_seq_lens", batch.extend_seq_lens}, {"num_tokens", batch.num_tokens()},
+  json j{{"backend", o.backend},
+         {"device", device->to_string()},
+         {"model", o.model},
+         {"mode", forward_mode_name(batch.mode)},
+         {"batch_size", batch.batch_size},
+         {"seq_lens", batch.seq_lens},
+         {"extend_prefix_lens", batch.extend_prefix_lens},
+         {"extend_seq_lens", batch.extend_seq_lens},
+         {"num_tokens", batch.num_tokens()},
          {"forward_method", forward_method_name(be.forward_method())},
          {"fallback", be.fell_back()},
-         {"planning", {{"init_forward_metadata_calls", st.init_forward_metadata_calls},
-                       {"absorbed_plans", st.absorbed_plans}, {"mha_plans", st.mha_plans},
-                       {"mha_chunk_plans", st.mha_chunk_plans},
-                       {"mha_chunk_metadata_calls", st.mha_chunk_metadata_calls},
-                       {"mha_chunk_metadata_skipped", st.mha_chunk_metadata_skipped},
-                       {"fallbacks", st.fallbacks}, {"plan_ns", st.plan_ns_total}}}};
+         {"planning",
+          {{"init_forward_metadata_calls", st.init_forward_metadata_calls},
+           {"absorbed_plans", st.absorbed_plans},
+           {"mha_plans", st.mha_plans},
+           {"mha_chunk_plans", st.mha_chunk_plans},
+           {"mha_chunk_metadata_calls", st.mha_chunk_metadata_calls},
+           {"mha_chunk_metadata_skipped", st.mha_chunk_metadata_skipped},
+           {"fallbacks", st.fallbacks},
+           {"plan_ns", st.plan_ns_total}}}};
   if (be.forward_method() == ForwardMethod::kMhaChunked) {
     planning::ChunkedPrefixPlan plan;
     // The capacity the backend planned with: --chunk-capacity, capped by the chunk budget.
@@ -160,12 +170,15 @@ int run_plan(const PlanOptions& o) {
     for (int c = 0; c < plan.num_chunks; ++c) {
       std::vector<int32_t> lens;
       for (int b = 0; b < plan.batch_size; ++b) lens.push_back(plan.len(c, b));
-      chunks.push_back({{"start", plan.start(c)}, {"lens", lens},
+      chunks.push_back({{"start", plan.start(c)},
+                        {"lens", lens},
                         {"num_tokens", plan.num_tokens[static_cast<std::size_t>(c)]},
                         {"has_zero_kv", plan.has_zero_kv[static_cast<std::size_t>(c)] != 0}});
     }
-    j["chunk_plan"] = {{"capacity", plan.capacity}, {"chunk_len", plan.chunk_len},
-                       {"num_chunks", plan.num_chunks}, {"chunks", chunks}};
+    j["chunk_plan"] = {{"capacity", plan.capacity},
+                       {"chunk_len", plan.chunk_len},
+                       {"num_chunks", plan.num_chunks},
+                       {"chunks", chunks}};
   }
   if (o.json_out) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -181,10 +194,11 @@ int run_plan(const PlanOptions& o) {
   }
   fmt::print("  forward method     {}{}\n", forward_method_name(be.forward_method()),
              be.fell_back() ? " (fallback to the parent's absorbed path)" : "");
-  fmt::print("  planning           {} absorbed, {} mha, {} chunk plans; chunk metadata calls {} "
-             "({} skipped); {} ns\n",
-             st.absorbed_plans, st.mha_plans, st.mha_chunk_plans, st.mha_chunk_metadata_calls,
-             st.mha_chunk_metadata_skipped, st.plan_ns_total);
+  fmt::print(
+      "  planning           {} absorbed, {} mha, {} chunk plans; chunk metadata calls {} "
+      "({} skipped); {} ns\n",
+      st.absorbed_plans, st.mha_plans, st.mha_chunk_plans, st.mha_chunk_metadata_calls,
+      st.mha_chunk_metadata_skipped, st.plan_ns_total);
   if (j.contains("chunk_plan")) {
     const json& cp = j["chunk_plan"];
     fmt::print("  chunk plan         capacity {}, L = {}, {} chunks\n",
@@ -218,7 +232,7 @@ CLI::App* add_plan_command(CLI::App& app, CommandRunner* runner) {
   sub->add_option("--mode", o->mode, "decode, extend, mixed, verify, draft_extend")
       ->capture_default_str()
       ->check(word_in({"decode", "extend", "prefill", "mixed", "verify", "target_verify",
-                        "target-verify", "draft_extend", "draft-extend"}));
+                       "target-verify", "draft_extend", "draft-extend"}));
   sub->add_option("--batch-size", o->batch_size, "Requests")
       ->capture_default_str()
       ->transform(integer_in(1, 4096));

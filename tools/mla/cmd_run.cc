@@ -1,9 +1,9 @@
 // `mla run`: the serving simulation (run_driver.h). Prints a table of tokens/s and time per
 // mode, planning and workspace figures, or one JSON object with --json.
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <fmt/ranges.h>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,13 +39,22 @@ struct RunFlags {
 json check_json(const RunReport& r, const RunConfig& c) {
   json steps = json::array();
   for (const CheckedStep& cs : r.checks) {
-    json s{{"step", cs.step}, {"mode", cs.mode}, {"reason", cs.reason},
-           {"layer", cs.layer}, {"batch_size", cs.batch_size}, {"tokens", cs.tokens},
-           {"max_prefix", cs.max_prefix}, {"requests_checked", cs.requests_checked},
-           {"rows_checked", cs.rows_checked}, {"heads_checked", cs.heads_checked},
-           {"kv_slots_checked", cs.kv_slots_checked}, {"kv_mismatches", cs.kv_mismatches},
-           {"rel_err", cs.rel_err}, {"worst_request", cs.worst_request},
-           {"worst_row", cs.worst_row}, {"passed", cs.passed}};
+    json s{{"step", cs.step},
+           {"mode", cs.mode},
+           {"reason", cs.reason},
+           {"layer", cs.layer},
+           {"batch_size", cs.batch_size},
+           {"tokens", cs.tokens},
+           {"max_prefix", cs.max_prefix},
+           {"requests_checked", cs.requests_checked},
+           {"rows_checked", cs.rows_checked},
+           {"heads_checked", cs.heads_checked},
+           {"kv_slots_checked", cs.kv_slots_checked},
+           {"kv_mismatches", cs.kv_mismatches},
+           {"rel_err", cs.rel_err},
+           {"worst_request", cs.worst_request},
+           {"worst_row", cs.worst_row},
+           {"passed", cs.passed}};
     if (!cs.kv_error.empty()) s["kv_error"] = cs.kv_error;
     steps.push_back(std::move(s));
   }
@@ -180,20 +189,22 @@ void print_report(const RunReport& r, const RunConfig& c) {
   fmt::print("{:<14} {:>8} {:>9} {:>10.3f} {:>12.1f}\n", "total", r.steps, tokens, secs,
              secs > 0 ? tokens / secs : 0.0);
   const auto& s = r.scheduler;
-  fmt::print("\nscheduler: {} requests finished, max batch {}, {} prefix hits ({} tokens shared), "
-             "{} prefill chunks, peak {} pages",
-             s.finished, s.max_batch_size, s.prefix_hits, s.prefix_hit_tokens, s.prefill_chunks,
-             s.peak_used_pages);
+  fmt::print(
+      "\nscheduler: {} requests finished, max batch {}, {} prefix hits ({} tokens shared), "
+      "{} prefill chunks, peak {} pages",
+      s.finished, s.max_batch_size, s.prefix_hits, s.prefix_hit_tokens, s.prefill_chunks,
+      s.peak_used_pages);
   if (s.drafts_proposed) {
     fmt::print(", drafts accepted {}/{}", s.drafts_accepted, s.drafts_proposed);
   }
   const auto& p = r.planning;
-  fmt::print("\nplanning: median {:.1f} us per batch; {} init_forward_metadata, {} absorbed / {} "
-             "mha / {} chunk plans, chunk metadata calls {} ({} skipped), {} fallbacks",
-             r.median_plan_ns / 1e3, p.init_forward_metadata_calls, p.absorbed_plans,
-             p.mha_plans, p.mha_chunk_plans, p.mha_chunk_metadata_calls,
-             p.mha_chunk_metadata_skipped, p.fallbacks);
-  if (c.cuda_graph) fmt::print(", {} graph captures, {} replays", r.graph_captures, p.graph_replays);
+  fmt::print(
+      "\nplanning: median {:.1f} us per batch; {} init_forward_metadata, {} absorbed / {} "
+      "mha / {} chunk plans, chunk metadata calls {} ({} skipped), {} fallbacks",
+      r.median_plan_ns / 1e3, p.init_forward_metadata_calls, p.absorbed_plans, p.mha_plans,
+      p.mha_chunk_plans, p.mha_chunk_metadata_calls, p.mha_chunk_metadata_skipped, p.fallbacks);
+  if (c.cuda_graph)
+    fmt::print(", {} graph captures, {} replays", r.graph_captures, p.graph_replays);
   fmt::print("\n\nworkspace bytes outside the KV pool ({} in the pool):\n",
              human_bytes(r.pool_bytes));
   print_ledger_table(r.workspaces, "  ");
@@ -203,13 +214,14 @@ void print_report(const RunReport& r, const RunConfig& c) {
              c.chunk_kv_budget_mib);
   if (r.checked) {
     const CheckSummary& cs = r.check_summary;
-    fmt::print("\ncheck: {} of {} steps against the double-precision reference: {} request "
-               "entries, {} of {} token rows ({} sampled out by the reference budget), {} KV "
-               "slots against the simulation's KV model ({} wrong); worst per-row rel err {:.3g} "
-               "(tolerance {:.3g}): {}\n",
-               cs.steps_checked, cs.steps, cs.requests_checked, cs.rows_checked, cs.rows,
-               cs.rows_sampled_out, cs.kv_slots_checked, cs.kv_mismatches, r.max_rel_err,
-               c.check_tolerance, r.check_passed ? "PASSED" : "FAILED");
+    fmt::print(
+        "\ncheck: {} of {} steps against the double-precision reference: {} request "
+        "entries, {} of {} token rows ({} sampled out by the reference budget), {} KV "
+        "slots against the simulation's KV model ({} wrong); worst per-row rel err {:.3g} "
+        "(tolerance {:.3g}): {}\n",
+        cs.steps_checked, cs.steps, cs.requests_checked, cs.rows_checked, cs.rows,
+        cs.rows_sampled_out, cs.kv_slots_checked, cs.kv_mismatches, r.max_rel_err,
+        c.check_tolerance, r.check_passed ? "PASSED" : "FAILED");
     fmt::print("  kinds present: {}; checked: {}\n", fmt::join(cs.kinds_present, ", "),
                fmt::join(cs.kinds_checked, ", "));
     if (cs.steps_with_sampled_heads) {
@@ -218,12 +230,12 @@ void print_report(const RunReport& r, const RunConfig& c) {
     }
     for (const auto& [why, n] : cs.steps_skipped) fmt::print("  {} steps skipped: {}\n", n, why);
     for (const CheckedStep& s : r.checks) {
-      fmt::print("  step {:>4} {:<13} bs {:>3} tokens {:>5} prefix {:>6}  rows {:>5} heads {:>3} "
-                 "kv {:>7}{}  rel err {:.3g} (request {} row {})  {}\n",
-                 s.step, s.mode, s.batch_size, s.tokens, s.max_prefix, s.rows_checked,
-                 s.heads_checked, s.kv_slots_checked,
-                 s.kv_mismatches ? fmt::format(" ({} WRONG)", s.kv_mismatches) : "", s.rel_err,
-                 s.worst_request, s.worst_row, s.reason);
+      fmt::print(
+          "  step {:>4} {:<13} bs {:>3} tokens {:>5} prefix {:>6}  rows {:>5} heads {:>3} "
+          "kv {:>7}{}  rel err {:.3g} (request {} row {})  {}\n",
+          s.step, s.mode, s.batch_size, s.tokens, s.max_prefix, s.rows_checked, s.heads_checked,
+          s.kv_slots_checked, s.kv_mismatches ? fmt::format(" ({} WRONG)", s.kv_mismatches) : "",
+          s.rel_err, s.worst_request, s.worst_row, s.reason);
       if (!s.kv_error.empty()) fmt::print("    {}\n", s.kv_error);
     }
   }
@@ -252,8 +264,7 @@ int run_run(RunFlags& f) {
     std::fprintf(stderr,
                  "mla run: --check failed: worst per-row rel err %.3g (tolerance %.3g), %lld "
                  "wrong KV slots, %lld steps checked, kinds checked %zu of %zu\n",
-                 report->max_rel_err, c.check_tolerance,
-                 static_cast<long long>(cs.kv_mismatches),
+                 report->max_rel_err, c.check_tolerance, static_cast<long long>(cs.kv_mismatches),
                  static_cast<long long>(cs.steps_checked), cs.kinds_checked.size(),
                  cs.kinds_present.size());
     return 1;

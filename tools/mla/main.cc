@@ -26,8 +26,9 @@ int main(int argc, char** argv) {
   try {
     return runner ? runner() : 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "mla: out of host memory (a flag asks for more than this machine has; "
-                         "lower --max-batch-tokens, --pool-tokens or --max-context-len)\n");
+    std::fprintf(stderr,
+                 "mla: out of host memory (a flag asks for more than this machine has; "
+                 "lower --max-batch-tokens, --pool-tokens or --max-context-len)\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mla: internal error: %s\n", e.what());
   }

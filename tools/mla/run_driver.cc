@@ -128,8 +128,8 @@ Status Simulation::setup() {
     }
     requests = std::move(*loaded);
   }
-  report_.workload = (c_.trace.empty() ? "embedded: " : c_.trace + ": ") +
-                     sim::describe_workload(requests);
+  report_.workload =
+      (c_.trace.empty() ? "embedded: " : c_.trace + ": ") + sim::describe_workload(requests);
   if (!c_.dump_trace.empty()) {
     std::ofstream out(c_.dump_trace);
     MLA_CHECK_ARG(out.good(), "--dump-trace \"{}\" cannot be written", c_.dump_trace);
@@ -179,21 +179,22 @@ Status Simulation::setup() {
   const int q = std::max(c_.scheduler.speculative_tokens, 1);
   graph_max_bs_ = c_.scheduler.max_running_requests;
   if (c_.cuda_graph) {
-    MLA_RETURN_IF_ERROR(target_->init_cuda_graph_state(graph_max_bs_,
-                                                       static_cast<int64_t>(graph_max_bs_) * q));
+    MLA_RETURN_IF_ERROR(
+        target_->init_cuda_graph_state(graph_max_bs_, static_cast<int64_t>(graph_max_bs_) * q));
   }
-  const int64_t max_tokens = std::max<int64_t>(
-      c_.scheduler.max_batch_tokens, static_cast<int64_t>(graph_max_bs_) * q);
-  MLA_ASSIGN_OR_RETURN(layer_, SimLayer::create(model_, c_.device, pc.num_layers,
-                                                pool_->num_slots(), max_tokens,
-                                                c_.workload.seed ^ 0x5eed));
+  const int64_t max_tokens =
+      std::max<int64_t>(c_.scheduler.max_batch_tokens, static_cast<int64_t>(graph_max_bs_) * q);
+  MLA_ASSIGN_OR_RETURN(
+      layer_, SimLayer::create(model_, c_.device, pc.num_layers, pool_->num_slots(), max_tokens,
+                               c_.workload.seed ^ 0x5eed));
   return Status::Ok();
 }
 
 StatusOr<int64_t> Simulation::plan(AttentionBackend& backend, const ForwardBatch& batch,
                                    bool target) {
-  const bool graph = target && c_.cuda_graph && (batch.mode == ForwardMode::kDecode ||
-                                                 batch.mode == ForwardMode::kTargetVerify);
+  const bool graph =
+      target && c_.cuda_graph &&
+      (batch.mode == ForwardMode::kDecode || batch.mode == ForwardMode::kTargetVerify);
   const auto t0 = Clock::now();
   int64_t rows = batch.num_tokens();
   if (graph) {
@@ -352,12 +353,12 @@ StatusOr<RunReport> Simulation::run() {
     }
     int64_t generated = 0;
     for (int32_t g : scheduler_->generated()) generated += g;
-    progress.update(prefill_tokens + generated,
-                    fmt::format("step {}, {} prompt + {} output tokens, {}/{} requests done, {} "
-                                "bs {}",
-                                step.index, prefill_tokens, generated, scheduler_->stats().finished,
-                                scheduler_->requests().size(), forward_mode_name(b.mode),
-                                b.batch_size));
+    progress.update(
+        prefill_tokens + generated,
+        fmt::format("step {}, {} prompt + {} output tokens, {}/{} requests done, {} "
+                    "bs {}",
+                    step.index, prefill_tokens, generated, scheduler_->stats().finished,
+                    scheduler_->requests().size(), forward_mode_name(b.mode), b.batch_size));
   }
   progress.finish();
   report_.steps = scheduler_->stats().steps;

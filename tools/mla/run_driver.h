@@ -27,21 +27,21 @@ struct RunConfig {
   int64_t pool_tokens = 65536;
   int max_context_len = 4096;
   int64_t chunk_kv_budget_mib = 512;  // BackendOptions::mha_chunk_kv_budget_bytes, in MiB
-  sim::WorkloadConfig workload;      // num_requests and seed set from the command line
-  sim::SchedulerConfig scheduler;    // speculative_tokens etc.
-  std::string trace;                 // "" = the embedded workload
-  std::string dump_trace;            // write the workload as JSONL here ("" = no)
+  sim::WorkloadConfig workload;       // num_requests and seed set from the command line
+  sim::SchedulerConfig scheduler;     // speculative_tokens etc.
+  std::string trace;                  // "" = the embedded workload
+  std::string dump_trace;             // write the workload as JSONL here ("" = no)
   bool disable_chunked_prefix_cache = false;
   bool piecewise_graph = false;
-  bool cuda_graph = false;           // capture/replay metadata path for decode and verify
+  bool cuda_graph = false;  // capture/replay metadata path for decode and verify
   // --check checks, on the first layer of each step it picks: the first batch of every kind
   // (mode, with or without a cached prefix), every EXTEND / MIXED batch whose prefill part has
   // a cached prefix, and up to check_steps more (every 5th step). A step's reference is sampled
   // by rows (then heads) to stay within check_budget multiply-adds, never skipped.
   bool check = false;
-  int check_steps = 6;               // extra sampled steps (--check-steps)
-  double check_tolerance = 1e-2;     // worst per-row ||o - ref|| / ||ref|| allowed
-  double check_budget = 3e8;         // reference multiply-adds per checked step
+  int check_steps = 6;            // extra sampled steps (--check-steps)
+  double check_tolerance = 1e-2;  // worst per-row ||o - ref|| / ||ref|| allowed
+  double check_budget = 3e8;      // reference multiply-adds per checked step
   bool progress = true;
 };
 
@@ -54,7 +54,7 @@ struct ModeTotals {
 struct CheckedStep {
   int64_t step = 0;
   std::string mode;
-  std::string reason;      // "first <kind>", "extend with a prefix", "sampled"
+  std::string reason;  // "first <kind>", "extend with a prefix", "sampled"
   int batch_size = 0;
   int64_t tokens = 0;
   int32_t max_prefix = 0;  // largest cached prefix among the batch's entries
@@ -87,12 +87,12 @@ struct RunReport {
   int layers = 0;
   int64_t steps = 0;
   double wall_seconds = 0.0;
-  std::map<std::string, ModeTotals> modes;  // by forward_mode_name
-  nlohmann::json workspaces;                // ledger records outside the KV pool, at the end
+  std::map<std::string, ModeTotals> modes;        // by forward_mode_name
+  nlohmann::json workspaces;                      // ledger records outside the KV pool, at the end
   std::map<std::string, std::size_t> peak_bytes;  // per buffer outside the pool, max over steps
   std::size_t pool_bytes = 0;
-  PlanningStats planning;                   // target backend (plus the draft backend's counts)
-  double median_plan_ns = 0.0;              // over every planned batch (our own timing)
+  PlanningStats planning;       // target backend (plus the draft backend's counts)
+  double median_plan_ns = 0.0;  // over every planned batch (our own timing)
   uint64_t graph_captures = 0;
   sim::SchedulerStats scheduler;
   bool checked = false;

@@ -1,8 +1,9 @@
 #include "run_layer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 #include <limits>
 
 #include "common/case_gen.h"
@@ -12,9 +13,9 @@
 namespace mla::cli {
 namespace {
 
-constexpr int64_t kNoiseSlack = 1 << 16;   // random offsets into the noise, in elements
-constexpr int64_t kOffsetAlign = 64;        // keeps every view 128-byte aligned
-constexpr float kActivationStd = 1.0f;      // logits of a few units: softmax is not flat
+constexpr int64_t kNoiseSlack = 1 << 16;  // random offsets into the noise, in elements
+constexpr int64_t kOffsetAlign = 64;      // keeps every view 128-byte aligned
+constexpr float kActivationStd = 1.0f;    // logits of a few units: softmax is not flat
 constexpr float kWeightStd = 0.08f;
 
 }  // namespace
@@ -47,8 +48,8 @@ StatusOr<std::unique_ptr<SimLayer>> SimLayer::create(const ModelDims& model, Dev
   MLA_ASSIGN_OR_RETURN(l->noise_, alloc(l->noise_elems_, "sim.activations"));
   MLA_ASSIGN_OR_RETURN(l->kv_b_proj_, alloc(H * 256 * 512, "sim.kv_b_proj"));
   MLA_ASSIGN_OR_RETURN(l->o_, alloc(max_tokens * H * 128, "sim.o"));
-  MLA_RETURN_IF_ERROR(rt->copy_to_device(l->noise_.data(), l->noise_host_.data(),
-                                         l->noise_.bytes(), nullptr));
+  MLA_RETURN_IF_ERROR(
+      rt->copy_to_device(l->noise_.data(), l->noise_host_.data(), l->noise_.bytes(), nullptr));
   MLA_RETURN_IF_ERROR(rt->copy_to_device(l->kv_b_proj_.data(), l->weight_host_.data(),
                                          l->kv_b_proj_.bytes(), nullptr));
   MLA_RETURN_IF_ERROR(rt->synchronize(nullptr));
@@ -153,8 +154,8 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
   }
   for (int tries = 0; tries < 4 * T && (cost + kRowMacsFixed) * heads <= budget; ++tries) {
     const int64_t t = static_cast<int64_t>(rng_() % static_cast<uint64_t>(T));
-    const int b = static_cast<int>(
-        std::upper_bound(first_token.begin(), first_token.end(), t) - first_token.begin() - 1);
+    const int b = static_cast<int>(std::upper_bound(first_token.begin(), first_token.end(), t) -
+                                   first_token.begin() - 1);
     try_add(row_of(b, static_cast<int32_t>(t - first_token[b])));
   }
   std::vector<int> head_ids(static_cast<std::size_t>(heads));
@@ -185,24 +186,26 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
                     b, p, slot);
       const SlotSource& src = model[static_cast<std::size_t>(slot)];
       if (src.c_kv < 0) {
-        return internal_error("sim check: entry {} position {} (slot {}) was never written by the "
-                              "simulation",
-                              b, p, slot);
+        return internal_error(
+            "sim check: entry {} position {} (slot {}) was never written by the "
+            "simulation",
+            b, p, slot);
       }
       table[static_cast<std::size_t>(b) * max_kv + p] = next++;
       const bf16* stored = cache_host.data() + static_cast<std::size_t>(slot) * 576;
       bool same = true;
       for (int d = 0; d < 576; ++d) {
-        const bf16 want = noise_host_[static_cast<std::size_t>(
-            d < 512 ? src.c_kv + d : src.k_pe + (d - 512))];
+        const bf16 want =
+            noise_host_[static_cast<std::size_t>(d < 512 ? src.c_kv + d : src.k_pe + (d - 512))];
         keys.push_back(want.to_float());
         same = same && stored[d].bits == want.bits;
       }
       ++res.kv_slots_checked;
       if (!same && res.kv_mismatches++ == 0) {
-        res.kv_error = fmt::format("entry {} position {}: slot {} does not hold the token the "
-                                   "simulation wrote there",
-                                   b, p, slot);
+        res.kv_error = fmt::format(
+            "entry {} position {}: slot {} does not hold the token the "
+            "simulation wrote there",
+            b, p, slot);
       }
     }
   }
@@ -249,7 +252,8 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
           static_cast<float>(q_abs_nope[static_cast<std::size_t>(r * 512 + d)]);
     }
     for (int d = 0; d < 64; ++d) {
-      q_abs[static_cast<std::size_t>(r * 576 + 512 + d)] = q_pe[static_cast<std::size_t>(r * 64 + d)];
+      q_abs[static_cast<std::size_t>(r * 576 + 512 + d)] =
+          q_pe[static_cast<std::size_t>(r * 64 + d)];
     }
   }
   testing::AbsorbedRefProblem p;
@@ -264,13 +268,13 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
   p.kv_lens = kv_lens;
   const testing::RefAttention att = testing::reference_absorbed(p, q_abs, keys);
   const std::vector<float> o_lat(att.o.begin(), att.o.end());
-  const std::vector<double> ref = testing::reference_head_gemm(
-      o_lat, std::span<const float>(w).subspan(128 * 512), R, heads, 512, 128, 256 * 512, 512,
-      true);
+  const std::vector<double> ref =
+      testing::reference_head_gemm(o_lat, std::span<const float>(w).subspan(128 * 512), R, heads,
+                                   512, 128, 256 * 512, 512, true);
 
   std::vector<bf16> o_host(static_cast<std::size_t>(T * H * 128));
-  MLA_RETURN_IF_ERROR(rt->copy_to_host(o_host.data(), o_.data(), o_host.size() * sizeof(bf16),
-                                       nullptr));
+  MLA_RETURN_IF_ERROR(
+      rt->copy_to_host(o_host.data(), o_.data(), o_host.size() * sizeof(bf16), nullptr));
   for (int64_t r = 0; r < R; ++r) {
     const Row& row = rows[static_cast<std::size_t>(r)];
     double num = 0.0, den = 0.0;

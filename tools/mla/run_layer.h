@@ -41,10 +41,10 @@ class SimLayer {
     double max_rel_err = 0.0;  // worst per-row ||o - ref|| / ||ref|| over the checked rows
     int worst_entry = -1;      // batch entry and row (within the entry) of the worst row
     int worst_row = -1;
-    int entries_checked = 0;   // every entry of the batch gets at least its last row checked
-    int64_t rows = 0;          // token rows of the batch
+    int entries_checked = 0;  // every entry of the batch gets at least its last row checked
+    int64_t rows = 0;         // token rows of the batch
     int64_t rows_checked = 0;
-    int heads_checked = 0;     // of num_heads (fewer when the reference budget is short)
+    int heads_checked = 0;  // of num_heads (fewer when the reference budget is short)
     int64_t kv_slots_checked = 0;
     int64_t kv_mismatches = 0;  // slots whose cache content differs from the KV model
     std::string kv_error;       // the first mismatch, described
@@ -54,13 +54,13 @@ class SimLayer {
   // the reference costs at most `budget` multiply-adds; when even the last rows exceed it, the
   // heads are sampled evenly instead (never a whole step skipped). The KV cache of every slot
   // each entry attends to is compared with the KV model.
-  StatusOr<CheckResult> check(const AttentionBackend& backend, const ForwardBatch& batch,
-                              int layer, double budget);
+  StatusOr<CheckResult> check(const AttentionBackend& backend, const ForwardBatch& batch, int layer,
+                              double budget);
 
  private:
   SimLayer(const ModelDims& model, Device device, int64_t max_tokens);
-  struct SlotSource {      // where the simulation took a slot's content from (noise offsets)
-    int64_t c_kv = -1;     // -1: never written
+  struct SlotSource {   // where the simulation took a slot's content from (noise offsets)
+    int64_t c_kv = -1;  // -1: never written
     int64_t k_pe = -1;
   };
   TensorView noise_view(int64_t offset, std::initializer_list<int64_t> shape) const;
@@ -71,8 +71,8 @@ class SimLayer {
   ExecContext ctx_;
   int64_t max_tokens_;
   int64_t noise_elems_ = 0;
-  std::vector<bf16> noise_host_;    // [noise_elems_] the source of every activation
-  std::vector<bf16> weight_host_;   // kv_b_proj [H * 256, 512]
+  std::vector<bf16> noise_host_;   // [noise_elems_] the source of every activation
+  std::vector<bf16> weight_host_;  // kv_b_proj [H * 256, 512]
   DeviceBuffer noise_, kv_b_proj_, o_;
   std::vector<std::unique_ptr<MlaLayer>> layers_;
   std::mt19937_64 rng_;

@@ -46,8 +46,8 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::create(LatentKvPool* pool, Sched
                   requests[i].arrival_step, i - 1, requests[i - 1].arrival_step);
     MLA_RETURN_IF_ERROR(
         validate_request(requests[i], pc.max_context_len, config.speculative_tokens));
-    const int64_t peak = static_cast<int64_t>(requests[i].prompt_len) + requests[i].output_len -
-                         1 + config.speculative_tokens;
+    const int64_t peak = static_cast<int64_t>(requests[i].prompt_len) + requests[i].output_len - 1 +
+                         config.speculative_tokens;
     const int64_t need = (peak + pc.page_size - 1) / pc.page_size;
     MLA_CHECK_ARG(need <= pc.num_pages,
                   "{} needs {} pages of {} tokens at its peak length {}, the pool has {} "
@@ -105,8 +105,8 @@ Status Scheduler::try_admit(const RequestSpec& r, bool* admitted) {
   int keep_group = r.prefix_group > 0 ? r.prefix_group : -1;
   for (;;) {
     int32_t hit = 0;
-    if (auto it = prefix_cache_.find(r.prefix_group); r.prefix_group > 0 &&
-                                                       it != prefix_cache_.end()) {
+    if (auto it = prefix_cache_.find(r.prefix_group);
+        r.prefix_group > 0 && it != prefix_cache_.end()) {
       hit = std::min(it->second.len, aligned_prefix(r));
     }
     const int64_t need = pages(peak) - hit / page_size;
@@ -262,8 +262,8 @@ StatusOr<Step> Scheduler::next_step() {
     b.num_draft_tokens = speculative ? config_.speculative_tokens : 0;
     for (std::size_t i : decoders) MLA_RETURN_IF_ERROR(add_decode(running_[i], &step));
   } else {
-    return internal_error("scheduler made no progress at step {} ({} waiting, {} running)",
-                          clock_, waiting_.size(), running_.size());
+    return internal_error("scheduler made no progress at step {} ({} waiting, {} running)", clock_,
+                          waiting_.size(), running_.size());
   }
   b.batch_size = static_cast<int>(step.request_ids.size());
   finalize_batch(b);
@@ -310,7 +310,8 @@ Status Scheduler::complete_step(const Step& step) {
     const int id = step.request_ids[b];
     auto it = std::find_if(running_.begin(), running_.end(),
                            [id](const Running& r) { return r.id == id; });
-    if (it == running_.end()) return internal_error("request {} of step {} is not running", id, step.index);
+    if (it == running_.end())
+      return internal_error("request {} of step {} is not running", id, step.index);
     const RequestSpec& r = requests_[static_cast<std::size_t>(id)];
     int32_t& gen = generated_[static_cast<std::size_t>(id)];
     const bool prefill = (mode == ForwardMode::kExtend) ||
@@ -321,8 +322,8 @@ Status Scheduler::complete_step(const Step& step) {
       gen = 1;  // the prefill's last position yields the first output token
     } else if (mode == ForwardMode::kTargetVerify) {
       const int n = config_.speculative_tokens;
-      const int32_t accept = std::min<int32_t>(
-          std::uniform_int_distribution<int32_t>(1, n)(rng_), r.output_len - gen);
+      const int32_t accept =
+          std::min<int32_t>(std::uniform_int_distribution<int32_t>(1, n)(rng_), r.output_len - gen);
       stats_.drafts_proposed += n;
       stats_.drafts_accepted += accept;
       draft_prefix_[id] = it->len;

@@ -63,9 +63,9 @@ struct SchedulerStats {
   int64_t prefix_hits = 0;                 // requests admitted with a shared prefix
   int64_t prefix_hit_tokens = 0;           // tokens shared instead of prefilled
   int64_t prefix_evictions = 0;
-  int64_t prefill_chunks = 0;              // prefill pieces that did not finish a prompt
+  int64_t prefill_chunks = 0;  // prefill pieces that did not finish a prompt
   int64_t drafts_proposed = 0;
-  int64_t drafts_accepted = 0;             // accepted tokens, bonus included
+  int64_t drafts_accepted = 0;  // accepted tokens, bonus included
   int64_t finished = 0;
   int max_batch_size = 0;
   int64_t peak_used_pages = 0;

@@ -1,11 +1,10 @@
 #include "sim_trace.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace mla::sim {
@@ -13,8 +12,8 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::string_view kFields[] = {"arrival_step", "prompt_len",  "output_len",
-                                        "prefix_group", "prefix_len"};
+constexpr std::string_view kFields[] = {"arrival_step", "prompt_len", "output_len", "prefix_group",
+                                        "prefix_len"};
 
 // Reads an integer field into *out; absent optional fields keep *out.
 Status read_int(const json& obj, std::string_view field, bool required, int line, int64_t lo,
@@ -27,8 +26,8 @@ Status read_int(const json& obj, std::string_view field, bool required, int line
   MLA_CHECK_ARG(it->is_number_integer(), "trace line {}: \"{}\" = {} is not an integer", line,
                 field, it->dump());
   const int64_t v = it->get<int64_t>();
-  MLA_CHECK_ARG(v >= lo && v <= hi, "trace line {}: \"{}\" = {} is outside {}..{}", line, field,
-                v, lo, hi);
+  MLA_CHECK_ARG(v >= lo && v <= hi, "trace line {}: \"{}\" = {} is outside {}..{}", line, field, v,
+                lo, hi);
   *out = v;
   return Status::Ok();
 }
@@ -39,13 +38,12 @@ Status parse_line(std::string_view text, int line, RequestSpec* r) {
                             nul + 1);
   }
   json obj = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  MLA_CHECK_ARG(!obj.is_discarded(), "trace line {}: not valid JSON: {}", line,
-                text.substr(0, 80));
+  MLA_CHECK_ARG(!obj.is_discarded(), "trace line {}: not valid JSON: {}", line, text.substr(0, 80));
   MLA_CHECK_ARG(obj.is_object(), "trace line {}: expected a JSON object, got {}", line,
                 obj.type_name());
   for (const auto& item : obj.items()) {
-    const bool known = std::find(std::begin(kFields), std::end(kFields), item.key()) !=
-                       std::end(kFields);
+    const bool known =
+        std::find(std::begin(kFields), std::end(kFields), item.key()) != std::end(kFields);
     MLA_CHECK_ARG(known,
                   "trace line {}: unknown field \"{}\" (known: arrival_step, prompt_len, "
                   "output_len, prefix_group, prefix_len)",
@@ -53,8 +51,8 @@ Status parse_line(std::string_view text, int line, RequestSpec* r) {
   }
   constexpr int64_t kMaxLen = std::numeric_limits<int32_t>::max();
   int64_t arrival = 0, prompt = 0, output = 0, group = 0, prefix = 0;
-  MLA_RETURN_IF_ERROR(read_int(obj, "arrival_step", false, line, 0,
-                               std::numeric_limits<int64_t>::max(), &arrival));
+  MLA_RETURN_IF_ERROR(
+      read_int(obj, "arrival_step", false, line, 0, std::numeric_limits<int64_t>::max(), &arrival));
   MLA_RETURN_IF_ERROR(read_int(obj, "prompt_len", true, line, 1, kMaxLen, &prompt));
   MLA_RETURN_IF_ERROR(read_int(obj, "output_len", true, line, 1, kMaxLen, &output));
   MLA_RETURN_IF_ERROR(read_int(obj, "prefix_group", false, line, 0, kMaxLen, &group));

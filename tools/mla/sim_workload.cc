@@ -60,15 +60,15 @@ StatusOr<std::vector<RequestSpec>> generate_workload(const WorkloadConfig& c) {
     r.id = i;
     if (i >= c.initial_burst) clock += gap(rng);
     r.arrival_step = static_cast<int64_t>(clock);
-    const int32_t own = lognormal_clamped(rng, c.prompt_median, c.prompt_sigma, c.prompt_min,
-                                          c.prompt_max);
+    const int32_t own =
+        lognormal_clamped(rng, c.prompt_median, c.prompt_sigma, c.prompt_min, c.prompt_max);
     if (hit(rng)) {
       r.prefix_group = pick_group(rng);
       r.prefix_len = group_len[static_cast<std::size_t>(r.prefix_group)];
     }
     r.prompt_len = r.prefix_len + own;
-    r.output_len = lognormal_clamped(rng, c.output_median, c.output_sigma, c.output_min,
-                                     c.output_max);
+    r.output_len =
+        lognormal_clamped(rng, c.output_median, c.output_sigma, c.output_min, c.output_max);
     out.push_back(r);
   }
   return out;
@@ -93,9 +93,10 @@ Status validate_request(const RequestSpec& r, int32_t max_context_len, int32_t e
   MLA_CHECK_ARG(r.prefix_group != 0 || r.prefix_len == 0,
                 "{}: prefix_len = {} needs a prefix_group > 0", request_name(r), r.prefix_len);
   const int64_t peak = static_cast<int64_t>(r.prompt_len) + r.output_len - 1 + extra_tokens;
-  MLA_CHECK_ARG(peak <= max_context_len,
-                "{}: prompt_len + output_len - 1 + {} = {} exceeds max_context_len = {} (--max-context-len)",
-                request_name(r), extra_tokens, peak, max_context_len);
+  MLA_CHECK_ARG(
+      peak <= max_context_len,
+      "{}: prompt_len + output_len - 1 + {} = {} exceeds max_context_len = {} (--max-context-len)",
+      request_name(r), extra_tokens, peak, max_context_len);
   return Status::Ok();
 }
 

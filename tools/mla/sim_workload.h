@@ -13,13 +13,13 @@ namespace mla::sim {
 
 // One request as it arrives. Lengths are in tokens.
 struct RequestSpec {
-  int id = 0;               // position in the workload (0-based)
-  int64_t arrival_step = 0; // scheduler step at which the request becomes visible
-  int32_t prompt_len = 1;   // >= 1
-  int32_t output_len = 1;   // tokens to generate, >= 1 (the first comes from the prefill)
-  int prefix_group = 0;     // 0 = no shared prefix; requests of one group share a system prompt
-  int32_t prefix_len = 0;   // tokens of the shared system prompt (< prompt_len), 0 if group 0
-  int line = 0;             // trace line it came from (1-based); 0 = generated
+  int id = 0;                // position in the workload (0-based)
+  int64_t arrival_step = 0;  // scheduler step at which the request becomes visible
+  int32_t prompt_len = 1;    // >= 1
+  int32_t output_len = 1;    // tokens to generate, >= 1 (the first comes from the prefill)
+  int prefix_group = 0;      // 0 = no shared prefix; requests of one group share a system prompt
+  int32_t prefix_len = 0;    // tokens of the shared system prompt (< prompt_len), 0 if group 0
+  int line = 0;              // trace line it came from (1-based); 0 = generated
 };
 
 // How errors name a request: "trace line 7" for a traced one, else "request 3".

@@ -11,8 +11,8 @@ StatusOr<std::unique_ptr<PagedMlaBackend>> PagedMlaBackend::create(const Backend
                        resolve_workspace_bytes(ctx.options.paged_workspace_bytes,
                                                kPagedWorkspaceEnv, kDefaultPagedWorkspaceBytes));
   std::unique_ptr<PagedMlaBackend> b(new PagedMlaBackend(std::move(instance_name), ctx, ops));
-  WorkspaceSpec spec{"paged_mla.workspace", ctx.options.device, bytes,
-                     WorkspacePolicy::kSharedLazy, kPagedWorkspaceEnv};
+  WorkspaceSpec spec{"paged_mla.workspace", ctx.options.device, bytes, WorkspacePolicy::kSharedLazy,
+                     kPagedWorkspaceEnv};
   MLA_ASSIGN_OR_RETURN(b->workspace_, WorkspaceRegistry::global().acquire(spec, b->name()));
   return b;
 }

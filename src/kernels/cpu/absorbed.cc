@@ -47,13 +47,13 @@ PlanView view_plan(const void* plan) {
 
 // Per-thread scratch of one work item.
 struct Scratch {
-  float* q;        // [kMaxRows, 576]
-  float* kv;       // [kKeyBlock, 576]
-  float* logits;   // [kMaxRows, kKeyBlock]
-  float* acc;      // [kMaxRows, 512]
-  float* m;        // [kMaxRows]
-  float* l;        // [kMaxRows]
-  int* visible;    // [kMaxRows]
+  float* q;       // [kMaxRows, 576]
+  float* kv;      // [kKeyBlock, 576]
+  float* logits;  // [kMaxRows, kKeyBlock]
+  float* acc;     // [kMaxRows, 512]
+  float* m;       // [kMaxRows]
+  float* l;       // [kMaxRows]
+  int* visible;   // [kMaxRows]
 };
 
 StatusOr<Scratch> carve_scratch(Carver& c) {
@@ -117,12 +117,12 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     int32_t max_q = 0, max_kv = 0;
     for (int b = 0; b < bs; ++b) {
       const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
-      MLA_CHECK_ARG(q >= 0 && kv >= 0, "absorbed plan: q_lens[{}] = {}, kv_lens[{}] = {}", b, q,
-                    b, kv);
+      MLA_CHECK_ARG(q >= 0 && kv >= 0, "absorbed plan: q_lens[{}] = {}, kv_lens[{}] = {}", b, q, b,
+                    kv);
       MLA_CHECK_ARG(!p.causal || kv >= q,
                     "absorbed plan: causal kv_lens[{}] = {} is below q_lens[{}] = {}", b, kv, b, q);
-      MLA_CHECK_ARG(q <= cap.max_q_len, "absorbed plan: q_lens[{}] = {} exceeds max_q_len {}", b,
-                    q, cap.max_q_len);
+      MLA_CHECK_ARG(q <= cap.max_q_len, "absorbed plan: q_lens[{}] = {} exceeds max_q_len {}", b, q,
+                    cap.max_q_len);
       MLA_CHECK_ARG(p.req_rows[b] >= 0, "absorbed plan: req_rows[{}] = {} is negative", b,
                     p.req_rows[b]);
       total_q += q;
@@ -163,8 +163,8 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     MLA_CHECK_ARG(a.plan != nullptr, "cpu absorbed: plan is null");
     const PlanView pv = view_plan(a.plan);
     const PlanHeader& h = *pv.header;
-    MLA_CHECK_ARG(h.magic == kAbsorbedPlanMagic, "cpu absorbed: plan magic {:#x} is not an absorbed plan",
-                  h.magic);
+    MLA_CHECK_ARG(h.magic == kAbsorbedPlanMagic,
+                  "cpu absorbed: plan magic {:#x} is not an absorbed plan", h.magic);
     const int hc = h.num_heads, bs = h.batch_size;
     const Device dev = Device::cpu();
     const int64_t t = h.total_q;
@@ -177,7 +177,8 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     MLA_RETURN_IF_ERROR(
         expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, kLatent}, dev, false));
     MLA_RETURN_IF_ERROR(expect_inner_dense(a.kv_cache, "kv_cache"));
-    MLA_RETURN_IF_ERROR(expect_tensor(a.req_to_token, "req_to_token", DType::kI32, {-1, -1}, dev, false));
+    MLA_RETURN_IF_ERROR(
+        expect_tensor(a.req_to_token, "req_to_token", DType::kI32, {-1, -1}, dev, false));
     MLA_RETURN_IF_ERROR(expect_inner_dense(a.req_to_token, "req_to_token"));
     MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {-1, hc, kRank}, dev, false));
     MLA_CHECK_ARG(a.o.shape[0] >= t, "o: {} rows, plan has {} query tokens", a.o.shape[0], t);
@@ -185,11 +186,12 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     const bool want_lse = a.lse.data != nullptr;
     if (want_lse) {
       MLA_RETURN_IF_ERROR(expect_tensor(a.lse, "lse", DType::kF32, {-1, hc}, dev, false));
-      MLA_CHECK_ARG(a.lse.shape[0] >= t, "lse: {} rows, plan has {} query tokens", a.lse.shape[0], t);
+      MLA_CHECK_ARG(a.lse.shape[0] >= t, "lse: {} rows, plan has {} query tokens", a.lse.shape[0],
+                    t);
     }
     if (a.kv_cache.dtype == DType::kFP8E4M3) {
-      MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f, "k_scale = {} must be positive for an fp8 cache",
-                    a.k_scale);
+      MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f,
+                    "k_scale = {} must be positive for an fp8 cache", a.k_scale);
     }
 
     // Every slot the plan reads must be inside the cache.
@@ -199,10 +201,10 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     const int64_t r2t_stride = a.req_to_token.stride[0];
     for (int b = 0; b < bs; ++b) {
       const int32_t row = pv.req_rows[b];
-      MLA_CHECK_ARG(row >= 0 && row < r2t_rows, "req_rows[{}] = {} outside req_to_token rows [0, {})",
-                    b, row, r2t_rows);
-      MLA_CHECK_ARG(pv.kv_lens[b] <= r2t_cols, "kv_lens[{}] = {} exceeds req_to_token columns {}", b,
-                    pv.kv_lens[b], r2t_cols);
+      MLA_CHECK_ARG(row >= 0 && row < r2t_rows,
+                    "req_rows[{}] = {} outside req_to_token rows [0, {})", b, row, r2t_rows);
+      MLA_CHECK_ARG(pv.kv_lens[b] <= r2t_cols, "kv_lens[{}] = {} exceeds req_to_token columns {}",
+                    b, pv.kv_lens[b], r2t_cols);
       for (int64_t i = 0; i < pv.kv_lens[b]; ++i) {
         const int64_t slot = slot_of_token(r2t, r2t_stride, row, i, h.page_size);
         MLA_CHECK_ARG(slot >= 0 && slot < num_slots,
@@ -212,7 +214,8 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     }
 
     Carver carver(a.workspace, a.workspace_bytes);
-    MLA_ASSIGN_OR_RETURN(int64_t* item_start, carver.carve<int64_t>("absorbed.item_start", bs + 1));
+    MLA_ASSIGN_OR_RETURN(int64_t * item_start,
+                         carver.carve<int64_t>("absorbed.item_start", bs + 1));
     const int threads = parallel_num_threads();
     // Per-thread scratch follows item_start, one block per worker id; check it fits once here.
     Carver probe = carver;
@@ -237,8 +240,9 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     }
     item_start[0] = 0;
     for (int b = 0; b < bs; ++b) {
-      item_start[b + 1] = item_start[b] + static_cast<int64_t>((pv.q_lens[b] + tl.q_tile - 1) /
-                                                               tl.q_tile) * tl.head_blocks(hc);
+      item_start[b + 1] =
+          item_start[b] +
+          static_cast<int64_t>((pv.q_lens[b] + tl.q_tile - 1) / tl.q_tile) * tl.head_blocks(hc);
     }
     const int64_t items = item_start[bs];
     const std::array<float, 256> lut = fp8_table(a.k_scale);
@@ -251,8 +255,9 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
       Scratch s{};
       for (int w = 0; w <= worker; ++w) s = *carve_scratch(mine);  // fits: checked above
       for (int64_t item = i0; item < i1; ++item) {
-        const int b = static_cast<int>(std::upper_bound(item_start, item_start + bs + 1, item) -
-                                       item_start) - 1;
+        const int b =
+            static_cast<int>(std::upper_bound(item_start, item_start + bs + 1, item) - item_start) -
+            1;
         const int64_t local = item - item_start[b];
         const int hb_count = tl.head_blocks(hc);
         const int j0 = static_cast<int>(local / hb_count) * tl.q_tile;
@@ -270,17 +275,20 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
           const int64_t tok = pv.qo_indptr[b] + j0 + j;
           for (int hh = 0; hh < nh; ++hh) {
             const int r = j * nh + hh;
-            const uint16_t* src = a.q.ptr<uint16_t>() + tok * a.q.stride[0] + (h0 + hh) * a.q.stride[1];
+            const uint16_t* src =
+                a.q.ptr<uint16_t>() + tok * a.q.stride[0] + (h0 + hh) * a.q.stride[1];
             bf16_row_to_float(src, kLatent, s.q + static_cast<int64_t>(r) * kLatent);
             s.m[r] = -std::numeric_limits<float>::infinity();
             s.l[r] = 0.f;
-            std::fill(s.acc + static_cast<int64_t>(r) * kRank, s.acc + static_cast<int64_t>(r + 1) * kRank, 0.f);
+            std::fill(s.acc + static_cast<int64_t>(r) * kRank,
+                      s.acc + static_cast<int64_t>(r + 1) * kRank, 0.f);
           }
         }
         for (int k0 = 0; k0 < kv_end; k0 += kKeyBlock) {
           const int nk = std::min(kKeyBlock, kv_end - k0);
           for (int i = 0; i < nk; ++i) {
-            const int64_t slot = slot_of_token(r2t, r2t_stride, pv.req_rows[b], k0 + i, h.page_size);
+            const int64_t slot =
+                slot_of_token(r2t, r2t_stride, pv.req_rows[b], k0 + i, h.page_size);
             cache_row_to_float(a.kv_cache.data, cdt, slot, cache_stride, kLatent, lut.data(),
                                s.kv + static_cast<int64_t>(i) * kLatent);
           }
@@ -296,8 +304,9 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
           for (int hh = 0; hh < nh; ++hh) {
             const int r = j * nh + hh;
             uint16_t* o = a.o.ptr<uint16_t>() + tok * a.o.stride[0] + (h0 + hh) * a.o.stride[1];
-            float* lse = want_lse ? a.lse.ptr<float>() + tok * a.lse.stride[0] + (h0 + hh) * a.lse.stride[1]
-                                  : nullptr;
+            float* lse =
+                want_lse ? a.lse.ptr<float>() + tok * a.lse.stride[0] + (h0 + hh) * a.lse.stride[1]
+                         : nullptr;
             finish_row(s.acc + static_cast<int64_t>(r) * kRank, s.m[r], s.l[r], kRank, o, lse);
           }
         }

@@ -21,13 +21,15 @@ std::array<float, 256> fp8_table(float scale) {
 }
 
 Status expect_inner_dense(const TensorView& t, std::string_view name) {
-  if (t.ndim < 1) return invalid_argument("{}: expected at least one dimension, got {}", name, t.describe());
+  if (t.ndim < 1)
+    return invalid_argument("{}: expected at least one dimension, got {}", name, t.describe());
   if (t.shape[t.ndim - 1] > 1 && t.stride[t.ndim - 1] != 1) {
     return invalid_argument("{}: last dimension must have stride 1, got stride {} ({})", name,
                             t.stride[t.ndim - 1], t.describe());
   }
   for (int d = 0; d + 1 < t.ndim; ++d) {
-    if (t.stride[d] < 0) return invalid_argument("{}: negative stride {} in dim {}", name, t.stride[d], d);
+    if (t.stride[d] < 0)
+      return invalid_argument("{}: negative stride {} in dim {}", name, t.stride[d], d);
   }
   return Status::Ok();
 }
@@ -56,7 +58,8 @@ constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vect
                                                int d, const float* k, int64_t k_stride, int count,
                                                int lg_stride, float sm_scale, float* logits) {
   const float* qr[kRowBlock];
-  for (int j = 0; j < kRowBlock; ++j) qr[j] = q + static_cast<int64_t>(r0 + std::min(j, nr - 1)) * q_stride;
+  for (int j = 0; j < kRowBlock; ++j)
+    qr[j] = q + static_cast<int64_t>(r0 + std::min(j, nr - 1)) * q_stride;
   for (int i = 0; i < count; ++i) {
     const float* kr = k + i * k_stride;
     V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
@@ -68,7 +71,8 @@ constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vect
       a3 += load8(qr[3] + x) * kv;
     }
     const float s[kRowBlock] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-    for (int j = 0; j < nr; ++j) logits[static_cast<int64_t>(r0 + j) * lg_stride + i] = sm_scale * s[j];
+    for (int j = 0; j < nr; ++j)
+      logits[static_cast<int64_t>(r0 + j) * lg_stride + i] = sm_scale * s[j];
   }
 }
 
@@ -129,10 +133,10 @@ MLA_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
 
 // Cloned for x86-64-v3 (AVX2 + FMA) with a baseline fallback chosen at load time: the hot loop
 // of both attention ops.
-MLA_CPU_CLONES void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const float* k,
-                  int64_t k_stride, const float* v, int64_t v_stride, int dv, int nk,
-                  const int* visible, float sm_scale, float* logits, float* acc, float* m,
-                  float* l) {
+MLA_CPU_CLONES void attend_block(const float* q, int64_t q_stride, int rows, int dqk,
+                                 const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+                                 int dv, int nk, const int* visible, float sm_scale, float* logits,
+                                 float* acc, float* m, float* l) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int nr = std::min(kRowBlock, rows - r0);

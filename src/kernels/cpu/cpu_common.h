@@ -82,7 +82,7 @@ class Carver {
 
 // Header at the start of every cpu plan blob.
 struct PlanHeader {
-  uint32_t magic = 0;   // per op
+  uint32_t magic = 0;  // per op
   uint32_t version = 1;
   int32_t batch_size = 0;
   int32_t num_heads = 0;

@@ -47,7 +47,8 @@ class CpuKvWriteOp final : public KvWriteOp {
         const int64_t row = static_cast<int64_t>(loc[i]) * a.kv_cache.stride[0];
         if (fp8) {
           uint8_t* dst = a.kv_cache.ptr<uint8_t>() + row;
-          for (int d = 0; d < kRank; ++d) dst[d] = fp8_e4m3::from_float(bf16_to_float(ck[d]) / scale).bits;
+          for (int d = 0; d < kRank; ++d)
+            dst[d] = fp8_e4m3::from_float(bf16_to_float(ck[d]) / scale).bits;
           for (int d = 0; d < kRope; ++d) {
             dst[kRank + d] = fp8_e4m3::from_float(bf16_to_float(kp[d]) / scale).bits;
           }

@@ -24,14 +24,14 @@ std::size_t plan_size(int max_batch) {
 }
 
 struct Scratch {
-  float* q;        // [kQTile, 192]
-  float* k;        // [kKeyBlock, 192]
-  float* v;        // [kKeyBlock, 128]
-  float* logits;   // [kQTile, kKeyBlock]
-  float* acc;      // [kQTile, 128]
-  float* m;        // [kQTile]
-  float* l;        // [kQTile]
-  int* visible;    // [kQTile]
+  float* q;       // [kQTile, 192]
+  float* k;       // [kKeyBlock, 192]
+  float* v;       // [kKeyBlock, 128]
+  float* logits;  // [kQTile, kKeyBlock]
+  float* acc;     // [kQTile, 128]
+  float* m;       // [kQTile]
+  float* l;       // [kQTile]
+  int* visible;   // [kQTile]
 };
 
 StatusOr<Scratch> carve_scratch(Carver& c) {
@@ -82,8 +82,8 @@ class CpuMhaOp final : public MhaAttentionOp {
       const int32_t q = p.qo_indptr[b + 1] - p.qo_indptr[b];
       const int32_t kv = p.kv_indptr[b + 1] - p.kv_indptr[b];
       MLA_CHECK_ARG(q >= 0 && kv >= 0, "mha plan: request {} has q_len {} and kv_len {}", b, q, kv);
-      MLA_CHECK_ARG(!p.causal || kv >= q, "mha plan: causal request {} has kv_len {} < q_len {}",
-                    b, kv, q);
+      MLA_CHECK_ARG(!p.causal || kv >= q, "mha plan: causal request {} has kv_len {} < q_len {}", b,
+                    kv, q);
       max_q = std::max(max_q, q);
       max_kv = std::max(max_kv, kv);
     }
@@ -117,16 +117,18 @@ class CpuMhaOp final : public MhaAttentionOp {
     MLA_CHECK_ARG(a.plan != nullptr, "cpu mha: plan is null");
     const auto* base = static_cast<const std::byte*>(a.plan);
     const auto& h = *reinterpret_cast<const PlanHeader*>(base);
-    MLA_CHECK_ARG(h.magic == kMhaPlanMagic, "cpu mha: plan magic {:#x} is not an mha plan", h.magic);
+    MLA_CHECK_ARG(h.magic == kMhaPlanMagic, "cpu mha: plan magic {:#x} is not an mha plan",
+                  h.magic);
     const int32_t* qo = reinterpret_cast<const int32_t*>(base + 256);  // [bs + 1]
-    const int32_t* kvp = qo + h.batch_size + 1;                         // [bs + 1]
+    const int32_t* kvp = qo + h.batch_size + 1;                        // [bs + 1]
     const int hc = h.num_heads, bs = h.batch_size;
     const Device dev = Device::cpu();
     MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {-1, hc, kDqk}, dev, false));
     MLA_RETURN_IF_ERROR(expect_tensor(a.k, "k", DType::kBF16, {-1, hc, kDqk}, dev, false));
     MLA_RETURN_IF_ERROR(expect_tensor(a.v, "v", DType::kBF16, {-1, hc, kDv}, dev, false));
     MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {-1, hc, kDv}, dev, false));
-    for (const auto* t : {&a.q, &a.k, &a.v, &a.o}) MLA_RETURN_IF_ERROR(expect_inner_dense(*t, "q/k/v/o"));
+    for (const auto* t : {&a.q, &a.k, &a.v, &a.o})
+      MLA_RETURN_IF_ERROR(expect_inner_dense(*t, "q/k/v/o"));
     MLA_CHECK_ARG(a.q.shape[0] >= h.total_q && a.o.shape[0] >= h.total_q,
                   "q has {} rows and o {}, plan has {} query tokens", a.q.shape[0], a.o.shape[0],
                   h.total_q);
@@ -140,12 +142,14 @@ class CpuMhaOp final : public MhaAttentionOp {
                     a.lse.shape[0], h.total_q);
     }
     Carver carver(a.workspace, a.workspace_bytes);
-    MLA_ASSIGN_OR_RETURN(int64_t* item_start, carver.carve<int64_t>("mha.item_start", bs + 1));
+    MLA_ASSIGN_OR_RETURN(int64_t * item_start, carver.carve<int64_t>("mha.item_start", bs + 1));
     Carver probe = carver;
-    for (int i = 0; i < parallel_num_threads(); ++i) MLA_RETURN_IF_ERROR(carve_scratch(probe).status());
+    for (int i = 0; i < parallel_num_threads(); ++i)
+      MLA_RETURN_IF_ERROR(carve_scratch(probe).status());
     item_start[0] = 0;
     for (int b = 0; b < bs; ++b) {
-      item_start[b + 1] = item_start[b] + static_cast<int64_t>((qo[b + 1] - qo[b] + kQTile - 1) / kQTile) * hc;
+      item_start[b + 1] =
+          item_start[b] + static_cast<int64_t>((qo[b + 1] - qo[b] + kQTile - 1) / kQTile) * hc;
     }
     const float scale = a.sm_scale;
     parallel_for_chunks(0, item_start[bs], 1, [&](int64_t i0, int64_t i1, int worker) {
@@ -153,8 +157,9 @@ class CpuMhaOp final : public MhaAttentionOp {
       Scratch s{};
       for (int w = 0; w <= worker; ++w) s = *carve_scratch(mine);  // fits: checked above
       for (int64_t item = i0; item < i1; ++item) {
-        const int b = static_cast<int>(std::upper_bound(item_start, item_start + bs + 1, item) -
-                                       item_start) - 1;
+        const int b =
+            static_cast<int>(std::upper_bound(item_start, item_start + bs + 1, item) - item_start) -
+            1;
         const int64_t local = item - item_start[b];
         const int head = static_cast<int>(local % hc);
         const int j0 = static_cast<int>(local / hc) * kQTile;
@@ -166,18 +171,20 @@ class CpuMhaOp final : public MhaAttentionOp {
         int kv_end = 0;
         for (int j = 0; j < nj; ++j) {
           kv_end = std::max(kv_end, limit(j));
-          const uint16_t* src = a.q.ptr<uint16_t>() + (qo[b] + j0 + j) * a.q.stride[0] + head * a.q.stride[1];
+          const uint16_t* src =
+              a.q.ptr<uint16_t>() + (qo[b] + j0 + j) * a.q.stride[0] + head * a.q.stride[1];
           bf16_row_to_float(src, kDqk, s.q + static_cast<int64_t>(j) * kDqk);
           s.m[j] = -std::numeric_limits<float>::infinity();
           s.l[j] = 0.f;
-          std::fill(s.acc + static_cast<int64_t>(j) * kDv, s.acc + static_cast<int64_t>(j + 1) * kDv, 0.f);
+          std::fill(s.acc + static_cast<int64_t>(j) * kDv,
+                    s.acc + static_cast<int64_t>(j + 1) * kDv, 0.f);
         }
         for (int k0 = 0; k0 < kv_end; k0 += kKeyBlock) {
           const int nk = std::min(kKeyBlock, kv_end - k0);
           for (int i = 0; i < nk; ++i) {
             const int64_t row = kvp[b] + k0 + i;
-            bf16_row_to_float(a.k.ptr<uint16_t>() + row * a.k.stride[0] + head * a.k.stride[1], kDqk,
-                              s.k + static_cast<int64_t>(i) * kDqk);
+            bf16_row_to_float(a.k.ptr<uint16_t>() + row * a.k.stride[0] + head * a.k.stride[1],
+                              kDqk, s.k + static_cast<int64_t>(i) * kDqk);
             bf16_row_to_float(a.v.ptr<uint16_t>() + row * a.v.stride[0] + head * a.v.stride[1], kDv,
                               s.v + static_cast<int64_t>(i) * kDv);
           }
@@ -188,8 +195,9 @@ class CpuMhaOp final : public MhaAttentionOp {
         for (int j = 0; j < nj; ++j) {
           const int64_t tok = qo[b] + j0 + j;
           uint16_t* o = a.o.ptr<uint16_t>() + tok * a.o.stride[0] + head * a.o.stride[1];
-          float* lse = want_lse ? a.lse.ptr<float>() + tok * a.lse.stride[0] + head * a.lse.stride[1]
-                                : nullptr;
+          float* lse = want_lse
+                           ? a.lse.ptr<float>() + tok * a.lse.stride[0] + head * a.lse.stride[1]
+                           : nullptr;
           finish_row(s.acc + static_cast<int64_t>(j) * kDv, s.m[j], s.l[j], kDv, o, lse);
         }
       }

@@ -34,7 +34,8 @@ class CpuUpProjectOp final : public UpProjectOp {
   }
 
   Status run(const UpProjectArgs& a, const ExecContext& ctx) const override {
-    MLA_CHECK_ARG(ctx.device.is_cpu(), "cpu up_project: exec context is {}", ctx.device.to_string());
+    MLA_CHECK_ARG(ctx.device.is_cpu(), "cpu up_project: exec context is {}",
+                  ctx.device.to_string());
     const Device dev = Device::cpu();
     MLA_RETURN_IF_ERROR(expect_tensor(a.slots, "slots", DType::kI32, {-1}, dev));
     const int64_t n = a.slots.shape[0];
@@ -42,7 +43,8 @@ class CpuUpProjectOp final : public UpProjectOp {
                   "kv_cache: dtype {} is neither bf16 nor fp8e4m3", dtype_name(a.kv_cache.dtype));
     MLA_RETURN_IF_ERROR(
         expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, kLatent}, dev, false));
-    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_b_proj, "kv_b_proj", DType::kBF16, {-1, kRank}, dev, false));
+    MLA_RETURN_IF_ERROR(
+        expect_tensor(a.kv_b_proj, "kv_b_proj", DType::kBF16, {-1, kRank}, dev, false));
     MLA_CHECK_ARG(a.kv_b_proj.shape[0] % kHeadRows == 0 && a.kv_b_proj.shape[0] > 0,
                   "kv_b_proj: {} rows is not a positive multiple of {}", a.kv_b_proj.shape[0],
                   kHeadRows);
@@ -66,7 +68,8 @@ class CpuUpProjectOp final : public UpProjectOp {
     Carver carver(a.workspace, a.workspace_bytes);
     MLA_ASSIGN_OR_RETURN(float* gathered, carve_gathered(carver, n));  // [n, 576]
     Carver probe = carver;
-    for (int i = 0; i < parallel_num_threads(); ++i) MLA_RETURN_IF_ERROR(carve_weights(probe).status());
+    for (int i = 0; i < parallel_num_threads(); ++i)
+      MLA_RETURN_IF_ERROR(carve_weights(probe).status());
 
     const std::array<float, 256> lut = fp8_table(a.k_scale);
     // Gather and dequantise; k_pe goes straight to every head's k[:, :, 128:192].
@@ -87,8 +90,9 @@ class CpuUpProjectOp final : public UpProjectOp {
       for (int t = 0; t <= worker; ++t) w = *carve_weights(mine);  // fits: checked above
       for (int64_t h = h0; h < h1; ++h) {
         for (int e = 0; e < kHeadRows; ++e) {
-          bf16_row_to_float(a.kv_b_proj.ptr<uint16_t>() + (h * kHeadRows + e) * a.kv_b_proj.stride[0],
-                            kRank, w + static_cast<int64_t>(e) * kRank);
+          bf16_row_to_float(
+              a.kv_b_proj.ptr<uint16_t>() + (h * kHeadRows + e) * a.kv_b_proj.stride[0], kRank,
+              w + static_cast<int64_t>(e) * kRank);
         }
         for (int64_t n0 = 0; n0 < n; n0 += kTokenBlock) {
           const int64_t n1 = std::min(n, n0 + kTokenBlock);
@@ -96,9 +100,10 @@ class CpuUpProjectOp final : public UpProjectOp {
             const float* we = w + static_cast<int64_t>(e) * kRank;
             for (int64_t i = n0; i < n1; ++i) {
               const float y = dot(gathered + i * kLatent, we, kRank);
-              uint16_t* dst = e < kNope
-                  ? a.k.ptr<uint16_t>() + i * a.k.stride[0] + h * a.k.stride[1] + e
-                  : a.v.ptr<uint16_t>() + i * a.v.stride[0] + h * a.v.stride[1] + (e - kNope);
+              uint16_t* dst =
+                  e < kNope
+                      ? a.k.ptr<uint16_t>() + i * a.k.stride[0] + h * a.k.stride[1] + e
+                      : a.v.ptr<uint16_t>() + i * a.v.stride[0] + h * a.v.stride[1] + (e - kNope);
               *dst = float_to_bf16_bits(y);
             }
           }

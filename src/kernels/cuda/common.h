@@ -29,12 +29,12 @@ int current_device();
 }  // namespace mla::cuda
 
 // Returns kCudaError from the enclosing function when a CUDA runtime call fails.
-#define MLA_CUDA_RETURN_IF_ERROR(call)                                                \
-  do {                                                                                \
-    const cudaError_t mla_cuda_err_ = (call);                                         \
-    if (mla_cuda_err_ != cudaSuccess) {                                               \
-      return ::mla::cuda::cuda_status(mla_cuda_err_, #call, __FILE__, __LINE__);      \
-    }                                                                                 \
+#define MLA_CUDA_RETURN_IF_ERROR(call)                                           \
+  do {                                                                           \
+    const cudaError_t mla_cuda_err_ = (call);                                    \
+    if (mla_cuda_err_ != cudaSuccess) {                                          \
+      return ::mla::cuda::cuda_status(mla_cuda_err_, #call, __FILE__, __LINE__); \
+    }                                                                            \
   } while (0)
 
 // Checks the last launch (and, with MLA_CUDA_SYNC_CHECK=1, the finished kernel).

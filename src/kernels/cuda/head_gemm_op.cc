@@ -49,9 +49,9 @@ class CudaHeadGemmOp final : public HeadGemmOp {
     // transpose_w = false: W_h row-major [K, N] is column-major N x K  -> op N.
     // transpose_w = true:  W_h row-major [N, K] is column-major K x N  -> op T.
     MLA_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
-        lease.handle(), a.transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
-        static_cast<int>(n), static_cast<int>(t), static_cast<int>(k), &alpha, a.w.data,
-        CUDA_R_16BF, static_cast<int>(a.w_row_stride), a.w_head_stride, a.x.data, CUDA_R_16BF,
+        lease.handle(), a.transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n),
+        static_cast<int>(t), static_cast<int>(k), &alpha, a.w.data, CUDA_R_16BF,
+        static_cast<int>(a.w_row_stride), a.w_head_stride, a.x.data, CUDA_R_16BF,
         static_cast<int>(a.x.stride[0]), a.x.stride[1], &beta, a.y.data, CUDA_R_16BF,
         static_cast<int>(a.y.stride[0]), a.y.stride[1], static_cast<int>(h), CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));

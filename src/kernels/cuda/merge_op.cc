@@ -12,8 +12,7 @@ namespace {
 class CudaMergeOp final : public MergeOp {
  public:
   Status run(const MergeArgs& a, const ExecContext& ctx) const override {
-    MLA_CHECK_ARG(ctx.device.is_cuda(), "cuda merge: context device is {}",
-                  ctx.device.to_string());
+    MLA_CHECK_ARG(ctx.device.is_cuda(), "cuda merge: context device is {}", ctx.device.to_string());
     const Device dev = ctx.device;
     const int64_t t = a.o_acc.ndim == 3 ? a.o_acc.shape[0] : -1;
     const int64_t h = a.o_acc.ndim == 3 ? a.o_acc.shape[1] : -1;

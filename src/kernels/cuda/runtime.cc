@@ -107,10 +107,9 @@ class CudaRuntime final : public DeviceRuntime {
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      return make_status(err == cudaErrorMemoryAllocation ? StatusCode::kOutOfMemory
-                                                          : StatusCode::kCudaError,
-                         "cudaMalloc of {} bytes on cuda:{} failed: {}", bytes, index,
-                         cudaGetErrorString(err));
+      return make_status(
+          err == cudaErrorMemoryAllocation ? StatusCode::kOutOfMemory : StatusCode::kCudaError,
+          "cudaMalloc of {} bytes on cuda:{} failed: {}", bytes, index, cudaGetErrorString(err));
     }
     return p;
   }
@@ -155,8 +154,8 @@ class CudaRuntime final : public DeviceRuntime {
     const cudaError_t err = cudaMallocHost(&p, bytes);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      return make_status(StatusCode::kOutOfMemory, "cudaMallocHost of {} bytes failed: {}",
-                         bytes, cudaGetErrorString(err));
+      return make_status(StatusCode::kOutOfMemory, "cudaMallocHost of {} bytes failed: {}", bytes,
+                         cudaGetErrorString(err));
     }
     return p;
   }
@@ -186,8 +185,7 @@ class CudaRuntime final : public DeviceRuntime {
   static cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
   Status select(int index) const {
     if (index < 0 || index >= count_) {
-      return invalid_argument("cuda device index {} out of range (device_count {})", index,
-                              count_);
+      return invalid_argument("cuda device index {} out of range (device_count {})", index, count_);
     }
     MLA_CUDA_RETURN_IF_ERROR(cudaSetDevice(index));
     return Status::Ok();

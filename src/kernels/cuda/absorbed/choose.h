@@ -5,8 +5,8 @@
 #pragma once
 
 #include "kernels/cuda/absorbed/params.h"
-#include "mla/types.h"
 #include "mla/status.h"
+#include "mla/types.h"
 
 namespace mla::cuda::absorbed {
 

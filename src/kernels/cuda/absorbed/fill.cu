@@ -1,7 +1,7 @@
-#include "kernels/cuda/absorbed/fill.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+
+#include "kernels/cuda/absorbed/fill.h"
 
 namespace mla::cuda {
 namespace {
@@ -64,8 +64,8 @@ cudaError_t fill_random_fp8(void* dst, int64_t n, uint64_t seed, float stddev,
   if (n <= 0) return cudaSuccess;
   const int64_t pairs = (n + 1) / 2;
   const int blocks = static_cast<int>(pairs / 256 + 1 < 4096 ? pairs / 256 + 1 : 4096);
-  fill_normal_fp8_kernel<<<blocks, 256, 0, stream>>>(static_cast<__nv_fp8_storage_t*>(dst), n,
-                                                     seed, stddev);
+  fill_normal_fp8_kernel<<<blocks, 256, 0, stream>>>(static_cast<__nv_fp8_storage_t*>(dst), n, seed,
+                                                     stddev);
   return cudaGetLastError();
 }
 

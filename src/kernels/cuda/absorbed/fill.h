@@ -11,7 +11,6 @@ namespace mla::cuda {
 cudaError_t fill_random_bf16(void* dst, int64_t n, uint64_t seed, float stddev,
                              cudaStream_t stream);
 // The same, rounded to fp8 e4m3 (saturating): an fp8 latent cache.
-cudaError_t fill_random_fp8(void* dst, int64_t n, uint64_t seed, float stddev,
-                            cudaStream_t stream);
+cudaError_t fill_random_fp8(void* dst, int64_t n, uint64_t seed, float stddev, cudaStream_t stream);
 
 }  // namespace mla::cuda

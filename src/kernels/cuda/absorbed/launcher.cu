@@ -1,7 +1,6 @@
-#include "kernels/cuda/absorbed/launcher.h"
-
 #include <mutex>
 
+#include "kernels/cuda/absorbed/launcher.h"
 #include "kernels/cuda/absorbed/sm90_kernel.cuh"
 
 namespace mla::cuda::absorbed {

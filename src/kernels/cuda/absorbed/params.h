@@ -10,21 +10,21 @@ namespace mla::cuda::absorbed {
 // The kernels of the absorbed op; choose_kernel (choose.h) picks one per (heads, q_len, page,
 // cache dtype) and the launcher runs the one named in AbsorbedParams::kernel.
 enum class AbsorbedKernel : int32_t {
-  kSm90 = 1,        // sm90_ws.cuh: 64-row wgmma tiles, warp-specialised, TMA / cp.async (bf16)
-  kSm90Fp8 = 2,     // the same over an fp8 e4m3 cache (tiles converted in shared memory)
+  kSm90 = 1,     // sm90_ws.cuh: 64-row wgmma tiles, warp-specialised, TMA / cp.async (bf16)
+  kSm90Fp8 = 2,  // the same over an fp8 e4m3 cache (tiles converted in shared memory)
 };
 
 // Plan bytes: PlanHeader | cta_unit_begin int32[num_ctas + 1] | WorkUnit[max_units] |
 // CombineUnit[max_combines]. Offsets are in the header so the kernels need nothing else.
 struct PlanHeader {
-  int32_t num_ctas;         // grid of the attention kernel (fixed by the capacity)
-  int32_t rows_per_tile;    // 16, 32 or 64: rows (token x head) of one tensor-core tile
-  int32_t num_units;        // work units written
-  int32_t num_combines;     // split tiles to merge
-  int32_t num_heads;        // H
-  int32_t page_size;        // P
-  int32_t causal;           // 1: bottom-right causal mask
-  int32_t num_partials;     // partial slots used
+  int32_t num_ctas;          // grid of the attention kernel (fixed by the capacity)
+  int32_t rows_per_tile;     // 16, 32 or 64: rows (token x head) of one tensor-core tile
+  int32_t num_units;         // work units written
+  int32_t num_combines;      // split tiles to merge
+  int32_t num_heads;         // H
+  int32_t page_size;         // P
+  int32_t causal;            // 1: bottom-right causal mask
+  int32_t num_partials;      // partial slots used
   int32_t cta_begin_offset;  // byte offset of cta_unit_begin
   int32_t units_offset;      // byte offset of the WorkUnit array
   int32_t combines_offset;   // byte offset of the CombineUnit array
@@ -62,18 +62,18 @@ static_assert(sizeof(CombineUnit) == 16);
 // Kernel arguments (by value). bf16 pointers are typed as uint16_t storage here so this header
 // needs no CUDA types.
 struct AbsorbedParams {
-  const uint16_t* q;             // bf16 [T, H, 576] contiguous
-  const uint16_t* kv_cache;      // bf16 [num_slots, 576]
-  const int32_t* req_to_token;   // i32 [rows, req_to_token_stride]
-  int64_t req_to_token_stride;   // elements between rows of req_to_token
-  uint16_t* o;                   // bf16 [T, H, 512]
-  float* lse;                    // f32 [T, H]
-  float* partial_o;              // f32 [max_partials, 64, 512] (workspace)
-  float* partial_lse;            // f32 [max_partials, 64] (workspace)
-  const unsigned char* plan;     // device copy of the plan bytes
-  float scale_log2;              // sm_scale * log2(e) (* k_scale for fp8): base-2 logits
-  int32_t kernel;                // AbsorbedKernel chosen by choose_kernel (choose.h)
-  int32_t num_heads;             // H
+  const uint16_t* q;            // bf16 [T, H, 576] contiguous
+  const uint16_t* kv_cache;     // bf16 [num_slots, 576]
+  const int32_t* req_to_token;  // i32 [rows, req_to_token_stride]
+  int64_t req_to_token_stride;  // elements between rows of req_to_token
+  uint16_t* o;                  // bf16 [T, H, 512]
+  float* lse;                   // f32 [T, H]
+  float* partial_o;             // f32 [max_partials, 64, 512] (workspace)
+  float* partial_lse;           // f32 [max_partials, 64] (workspace)
+  const unsigned char* plan;    // device copy of the plan bytes
+  float scale_log2;             // sm_scale * log2(e) (* k_scale for fp8): base-2 logits
+  int32_t kernel;               // AbsorbedKernel chosen by choose_kernel (choose.h)
+  int32_t num_heads;            // H
   // fp8 e4m3 cache (kv_cache unused): rows of 576 bytes. The kernel converts the stored values
   // to bf16 exactly; k_scale is folded into scale_log2 (logits) and o_scale (o = P @ V).
   const unsigned char* kv_cache_fp8;  // fp8 [num_slots, 576], or null for a bf16 cache

@@ -599,9 +599,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   const int heads = p.num_heads;
   const int heads_log2 = std::countr_zero(static_cast<unsigned>(heads));  // a power of two
   // The chooser's tile rows and key load path (the same for both cache dtypes).
-  MLA_ASSIGN_OR_RETURN(const KernelChoice choice,
-                       choose_kernel(heads, std::max<int32_t>(max_q, 1), p.page_size,
-                                     DType::kBF16));
+  MLA_ASSIGN_OR_RETURN(const KernelChoice choice, choose_kernel(heads, std::max<int32_t>(max_q, 1),
+                                                                p.page_size, DType::kBF16));
   const int rows_tile = choice.tile_rows;
   // Row tiles of a request: consecutive flat rows (token * H + head); the most any request has.
   const int max_tiles_per_req =
@@ -656,8 +655,7 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
       const int32_t query_step = shifted ? 1 : 0;
       for (int64_t r = 0; r < rows; r += rows_tile) {
         const int64_t last_row = std::min<int64_t>(r + rows_tile, rows) - 1;
-        const int32_t extent =
-            extent0 + query_step * static_cast<int32_t>(last_row >> heads_log2);
+        const int32_t extent = extent0 + query_step * static_cast<int32_t>(last_row >> heads_log2);
         total_cost += (static_cast<uint32_t>(extent) + kBlockN - 1) / kBlockN + kUnitCost;
       }
     }

@@ -94,8 +94,7 @@ __device__ __forceinline__ void write_o(const AbsorbedParams& p, const WorkUnit&
 // or past each row's limit, and returns the two rows' maxima over the quad of threads.
 template <int kJ>
 __device__ __forceinline__ void scale_mask_max(float (&s)[4 * kJ], int key0, int lane,
-                                               const int (&lim)[2], float scale,
-                                               float (&tmax)[2]) {
+                                               const int (&lim)[2], float scale, float (&tmax)[2]) {
   tmax[0] = tmax[1] = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kJ; ++j)

@@ -138,8 +138,7 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
         }
       }
     } else {
-      const uint16_t* src =
-          valid ? p.kv_cache + static_cast<int64_t>(sl[j]) * kDimQk : p.kv_cache;
+      const uint16_t* src = valid ? p.kv_cache + static_cast<int64_t>(sl[j]) * kDimQk : p.kv_cache;
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
         cp_async_16(k_tile + b * kBlockBytes + sw128_offset(r, chunk),
@@ -268,9 +267,9 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     }
   }
 
-  int g = 0;              // tiles of this CTA consumed so far (both warpgroups count alike)
-  int xc = 0;             // row-sum exchanges so far (units with keys)
-  int q_for = -1;         // warpgroup 0: unit whose Q is loaded or in flight
+  int g = 0;       // tiles of this CTA consumed so far (both warpgroups count alike)
+  int xc = 0;      // row-sum exchanges so far (units with keys)
+  int q_for = -1;  // warpgroup 0: unit whose Q is loaded or in flight
   const float ln2 = 0.69314718055994530942f;
 
   for (int ui = u_begin; ui < u_end; ++ui) {
@@ -328,8 +327,8 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
 #pragma unroll
         for (int kk = 0; kk < kDimQk / 16; ++kk) {
           const uint32_t koff = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          wgmma_ss_bf16<64, 0>(sc, desc_k0 + ((q_s + koff) >> 4),
-                               desc_k0 + ((k_tile + koff) >> 4), kk > 0);
+          wgmma_ss_bf16<64, 0>(sc, desc_k0 + ((q_s + koff) >> 4), desc_k0 + ((k_tile + koff) >> 4),
+                               kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();

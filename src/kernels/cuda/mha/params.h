@@ -34,17 +34,17 @@ struct MhaPlanHeader {
 static_assert(sizeof(MhaPlanHeader) == 32);
 
 struct MhaParams {
-  const uint16_t* q;  // bf16 [Tq, H, 192], last dim contiguous
-  const uint16_t* k;  // bf16 [Tk, H, 192], last dim contiguous
-  const uint16_t* v;  // bf16 [Tk, H, 128], last dim contiguous
-  uint16_t* o;        // bf16 [Tq, H, 128], last dim contiguous
-  float* lse;         // f32 [Tq, H] (natural log), may be null
-  const void* plan;   // device copy of MhaPlanHeader + MhaTile[num_tiles]
+  const uint16_t* q;                    // bf16 [Tq, H, 192], last dim contiguous
+  const uint16_t* k;                    // bf16 [Tk, H, 192], last dim contiguous
+  const uint16_t* v;                    // bf16 [Tk, H, 128], last dim contiguous
+  uint16_t* o;                          // bf16 [Tq, H, 128], last dim contiguous
+  float* lse;                           // f32 [Tq, H] (natural log), may be null
+  const void* plan;                     // device copy of MhaPlanHeader + MhaTile[num_tiles]
   int64_t q_row_stride, q_head_stride;  // elements
   int64_t k_row_stride, k_head_stride;
   int64_t v_row_stride, v_head_stride;
   int64_t o_row_stride, o_head_stride;
-  int64_t lse_row_stride;               // elements between tokens; heads contiguous
+  int64_t lse_row_stride;  // elements between tokens; heads contiguous
   int num_heads;
   float scale_log2;  // sm_scale * log2(e)
 };

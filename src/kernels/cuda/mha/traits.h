@@ -11,7 +11,7 @@ struct MhaTraits {
   static constexpr int kBlockN = 128;  // keys per step (wgmma N of S, K of P V)
   static constexpr int kWarpgroups = 2;
   static constexpr int kThreads = kWarpgroups * 128;
-  static constexpr int kStages = 2;      // K/V double buffer (cp.async)
+  static constexpr int kStages = 2;  // K/V double buffer (cp.async)
 
   static constexpr int kQkChunks = kHeadDimQk * 2 / 16;  // 16-byte chunks per row: 24
   static constexpr int kVChunks = kHeadDimV * 2 / 16;    // 16

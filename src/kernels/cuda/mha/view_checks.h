@@ -14,8 +14,7 @@ namespace mla::cuda {
 // expect_tensor (dtype, rank, extents, device) without the contiguity requirement, plus: last
 // dimension contiguous, every other stride and the base address aligned to `align_bytes`.
 inline Status expect_strided(const TensorView& t, std::string_view name, DType dtype,
-                             std::initializer_list<int64_t> shape, Device device,
-                             int align_bytes) {
+                             std::initializer_list<int64_t> shape, Device device, int align_bytes) {
   MLA_RETURN_IF_ERROR(expect_tensor(t, name, dtype, shape, device, /*require_contiguous=*/false));
   if (t.numel() == 0) return Status::Ok();
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));

@@ -1,8 +1,8 @@
 #include "kernels/cuda/sm90/tensor_map.h"
 
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <array>
 #include <cstdint>
@@ -28,9 +28,9 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 bool same(const TensorMap2d& a, const TensorMap2d& b) {
-  return a.base == b.base && a.elem_bytes == b.elem_bytes && a.rows == b.rows &&
-         a.cols == b.cols && a.row_stride_elems == b.row_stride_elems &&
-         a.box_rows == b.box_rows && a.box_cols == b.box_cols && a.swizzle128 == b.swizzle128 &&
+  return a.base == b.base && a.elem_bytes == b.elem_bytes && a.rows == b.rows && a.cols == b.cols &&
+         a.row_stride_elems == b.row_stride_elems && a.box_rows == b.box_rows &&
+         a.box_cols == b.box_cols && a.swizzle128 == b.swizzle128 &&
          a.l2_promotion_bytes == b.l2_promotion_bytes;
 }
 
@@ -56,12 +56,12 @@ bool encode_tensor_map_2d(const TensorMap2d& t, void* out) {
                                     : l2b >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
                                     : l2b >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
                                                  : CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  const CUresult r = fn(
-      static_cast<CUtensorMap*>(out),
-      t.elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
-      const_cast<void*>(t.base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      t.swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, l2,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      fn(static_cast<CUtensorMap*>(out),
+         t.elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+         const_cast<void*>(t.base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+         t.swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, l2,
+         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
@@ -75,8 +75,8 @@ bool cached_tensor_map_2d(const TensorMap2d& t, void* out) {
   // model mostly find their own entries.
   constexpr int kEntryBits = 8;
   thread_local std::array<Entry, std::size_t{1} << kEntryBits> cache{};
-  const uint64_t h = static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(t.base)) *
-                     0x9E3779B97F4A7C15ull;
+  const uint64_t h =
+      static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(t.base)) * 0x9E3779B97F4A7C15ull;
   Entry& e = cache[h >> (64 - kEntryBits)];
   if (e.key.base != nullptr && same(e.key, t)) {
     std::memcpy(out, e.map, kTensorMapBytes);

@@ -1,6 +1,5 @@
-#include "kernels/cuda/sm90/wgmma_probe.h"
-
 #include "kernels/cuda/sm90/wgmma.cuh"
+#include "kernels/cuda/sm90/wgmma_probe.h"
 
 namespace mla::cuda::sm90 {
 namespace {
@@ -12,10 +11,10 @@ __device__ uint32_t blocked_offset(int rows, int row, int col) {
 }
 
 template <int N, int K, int kTransB, bool kRs>
-__global__ void __launch_bounds__(128) probe_kernel(const uint16_t* a, const uint16_t* b,
-                                                    float* d) {
+__global__ void __launch_bounds__(128)
+    probe_kernel(const uint16_t* a, const uint16_t* b, float* d) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  unsigned char* a_s = smem;             // [64 x K]: K / 64 blocks of 8 KiB
+  unsigned char* a_s = smem;               // [64 x K]: K / 64 blocks of 8 KiB
   unsigned char* b_s = smem + 64 * K * 2;  // trans 0: [N x K]; trans 1: [K x N]
   const int t = threadIdx.x;
   for (int i = t; i < 64 * K; i += 128) {
@@ -45,8 +44,8 @@ __global__ void __launch_bounds__(128) probe_kernel(const uint16_t* a, const uin
       for (int j = 0; j < 4; ++j) {
         const int r = 16 * w + lane / 4 + 8 * (j & 1);
         const int c = ks * 16 + 2 * (lane % 4) + 8 * (j >> 1);
-        afrag[ks][j] = static_cast<uint32_t>(a[r * K + c]) |
-                       (static_cast<uint32_t>(a[r * K + c + 1]) << 16);
+        afrag[ks][j] =
+            static_cast<uint32_t>(a[r * K + c]) | (static_cast<uint32_t>(a[r * K + c + 1]) << 16);
       }
     }
   }
