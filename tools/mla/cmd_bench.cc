@@ -42,10 +42,6 @@
 namespace mla::cli {
 namespace {
 
-// Ceilings measured on the H200 (PERF.md): dense bf16 GEMM and device-to-device copy.
-constexpr double kPeakTflops = 686.0;
-constexpr double kPeakGbps = 4246.0;
-
 struct BenchOptions {
   std::string device = "cuda";
   bool json = false;
@@ -116,6 +112,10 @@ class Emitter {
 };
 
 #ifdef MLA_WITH_CUDA
+
+// Ceilings measured on the H200 (PERF.md): dense bf16 GEMM and device-to-device copy.
+constexpr double kPeakTflops = 686.0;
+constexpr double kPeakGbps = 4246.0;
 
 struct DecodeConfig {
   int b, s_q, h_q, s_k, page;
