@@ -17,7 +17,7 @@ namespace {
 // Stops the example with the Status's message (the library itself never exits).
 #define CHECK_OK(expr)                                                  \
   do {                                                                  \
-    const mla::Status st_ = (expr);                                     \
+    const mla::Status& st_ = (expr);                                    \
     if (!st_.ok()) {                                                    \
       std::fprintf(stderr, "%s: %s\n", #expr, st_.to_string().c_str()); \
       return 1;                                                         \

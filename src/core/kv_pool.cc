@@ -125,7 +125,7 @@ StatusOr<std::unique_ptr<LatentKvPool>> LatentKvPool::create(const KvPoolConfig&
                                               "kv_pool.req_to_token", "kv_pool",
                                               /*zeroed=*/true));
   pool->req_to_token_host_.assign(table_elems, 0);
-  pool->request_lens_.assign(static_cast<std::size_t>(c.max_requests + 1), -1);
+  pool->request_lens_.assign(static_cast<std::size_t>(c.max_requests) + 1, -1);
   pool->free_rows_.reserve(static_cast<std::size_t>(c.max_requests));
   for (int r = c.max_requests; r >= 1; --r) pool->free_rows_.push_back(r);
   return pool;

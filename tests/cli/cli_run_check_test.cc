@@ -1,7 +1,7 @@
 // `mla run --check` on the batches that matter, each from a trace built here: the skewed 32-entry
 // extend whose chunk plan has 31 empty rows, page boundaries, 300 concurrent decodes and long
-// prefixes (20480 and more: *Slow*). Each run must pass the check, and the report must show that
-// the batch in question was checked (per request and row, KV slots against the model).
+// prefixes (20480 and more: label slow). Each run must pass the check, and the report must show
+// that the batch in question was checked (per request and row, KV slots against the model).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -128,7 +128,7 @@ TEST_F(RunCheck, ImpossibleToleranceFails) {
 
 // Every extend with a prefix is checked, the largest included, in a prefix cache hit of 20480
 // tokens and a chunked continuation past it; references sampled by rows, never skipped.
-TEST_F(RunCheck, Slow_Prefix20480AndMore) {
+TEST_F(RunCheck, Prefix20480AndMore) {
   const std::vector<std::string> lines{line(0, 20480 + 64, 2, 1, 20480),
                                        line(40, 20480 + 3000, 2, 1, 20480)};
   for (const char* backend : {"chunked_mla", "paged_mla"}) {

@@ -535,7 +535,7 @@ CaseResult run_conformance_case(const OpSet& ops, const ConformanceCase& c, Devi
                                 const RunOptions& options) {
   CaseResult r;
   r.name = c.name;
-  auto fail = [&](std::string msg) {
+  auto fail = [&](const std::string& msg) {
     r.passed = false;
     r.message = case_prefix(c) + ": " + msg;
     return r;

@@ -1,4 +1,4 @@
-// Every registered cpu op set x the conformance cases, against the double reference.
+// The conformance driver (driver.h) on every registered cpu OpSet, and checks of the case lists.
 #include "common/conformance.h"
 
 #include <gtest/gtest.h>
@@ -7,64 +7,22 @@
 #include <set>
 #include <string>
 
+#include "conformance/driver.h"
 #include "mla/ops.h"
 
 namespace mla::testing {
 namespace {
 
-struct Param {
-  std::string set_name;
-  ConformanceCase c;
-};
-
-void PrintTo(const Param& p, std::ostream* os) {
-  *os << p.set_name << ": ";
-  PrintTo(p.c, os);
-}
-
-std::vector<Param> params(ConformanceScope scope, bool only_extra_over_full) {
-  std::set<std::string> full_names;
-  if (only_extra_over_full) {
-    for (const auto& c : conformance_cases(ConformanceScope::kFull)) full_names.insert(c.name);
-  }
-  std::vector<Param> out;
-  for (const OpSet* set : OpRegistry::global().list()) {
-    if (set->device != DeviceType::kCpu) continue;
-    for (auto& c : conformance_cases(scope)) {
-      if (only_extra_over_full && full_names.count(c.name)) continue;
-      out.push_back({set->name, c});
-    }
-  }
-  return out;
-}
-
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  std::string s = info.param.set_name + "_" + info.param.c.name;
-  for (char& ch : s) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return s;
-}
-
-void run_and_check(const Param& p) {
-  const OpSet* set = OpRegistry::global().find(p.set_name);
-  ASSERT_NE(set, nullptr);
-  CaseResult r = run_conformance_case(*set, p.c, Device::cpu());
-  // The cpu set implements every op for every supported shape: a skip is a failure here.
-  ASSERT_FALSE(r.skipped) << r.name << " skipped: " << r.skip_reason;
-  EXPECT_TRUE(r.passed) << r.message;
-}
-
-class Conformance : public ::testing::TestWithParam<Param> {};
-TEST_P(Conformance, MatchesReference) { run_and_check(GetParam()); }
+// The conformance driver (driver.h) over every cpu OpSet: the full cases, and the heavy ones
+// the slow scope adds (labelled `slow` in tests/CMakeLists.txt).
 INSTANTIATE_TEST_SUITE_P(Full, Conformance,
-                         ::testing::ValuesIn(params(ConformanceScope::kFull, false)), param_name);
-
-// Heavy cases (long contexts, long q with many heads): label `slow`.
-class ConformanceSlow : public ::testing::TestWithParam<Param> {};
-TEST_P(ConformanceSlow, MatchesReference) { run_and_check(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(Heavy, ConformanceSlow,
-                         ::testing::ValuesIn(params(ConformanceScope::kSlow, true)), param_name);
+                         ::testing::ValuesIn(conformance_params(DeviceType::kCpu,
+                                                                CaseSelection::kFullCases)),
+                         conformance_param_name);
+INSTANTIATE_TEST_SUITE_P(Heavy, Conformance,
+                         ::testing::ValuesIn(conformance_params(DeviceType::kCpu,
+                                                                CaseSelection::kHeavyCasesOnly)),
+                         conformance_param_name);
 
 TEST(ConformanceCases, NamesAreUniqueAndCarryTheSeed) {
   for (ConformanceScope scope :

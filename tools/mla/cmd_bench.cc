@@ -1,5 +1,6 @@
-// `mla bench --device cuda [--json] [--quick] [--out FILE] [--cache-dtype bf16,fp8]`: GPU timings
-// of the ops.
+// `mla bench --device cuda|cpu [--json] [--quick] [--out FILE] [--cache-dtype bf16,fp8]`: timings
+// of the ops. --device cpu: the cpu OpSet over a decode and a prefill grid against the machine's
+// measured read bandwidth and FMA peak (bench_cpu.{h,cc}).
 // Decode (absorbed op) over the grid; prefill and extend rows come from cuda-prefill's
 // bench_prefill.{h,cc}. Timing follows docs PERF.md: CUDA events around every run, warm-up
 // first, median, q/o sets rotated, random normal/4 data (never zeros).
@@ -16,8 +17,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bench_cpu.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "common/case_gen.h"
@@ -39,10 +42,6 @@
 namespace mla::cli {
 namespace {
 
-// Ceilings measured on the H200 (PERF.md): dense bf16 GEMM and device-to-device copy.
-constexpr double kPeakTflops = 686.0;
-constexpr double kPeakGbps = 4246.0;
-
 struct BenchOptions {
   std::string device = "cuda";
   bool json = false;
@@ -53,14 +52,14 @@ struct BenchOptions {
   std::string cache_dtype = "bf16";  // decode: bf16, fp8 or bf16,fp8
 };
 
-[[maybe_unused]] [[maybe_unused]] std::string utc_date() {
+std::string utc_date() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
 }
 
-[[maybe_unused]] [[maybe_unused]] std::string commit_id() {
+std::string commit_id() {
   const char* c = std::getenv("MLA_COMMIT");
   return c ? c : "unknown";
 }
@@ -69,7 +68,11 @@ class Emitter {
  public:
   explicit Emitter(const BenchOptions& o) : opt_(o) {
     if (!o.out.empty()) file_.open(o.out, std::ios::app);
-    if (!opt_.json) {
+    if (!opt_.json && o.device == "cpu") {
+      std::printf("%-11s %-4s %5s %4s %6s %5s %10s %8s %8s %7s %7s %6s %s\n", "op", "b", "s_q",
+                  "h_q", "s_k", "page", "us", "GFLOP/s", "GB/s", "bw_frac", "fl_frac", "frac",
+                  "bound");
+    } else if (!opt_.json) {
       std::printf("%-8s %-4s %3s %4s %6s %5s %5s %4s %10s %8s %8s %6s %s\n", "op", "b", "s_q",
                   "h_q", "s_k", "page", "var", "kv", "us", "TFLOP/s", "GB/s", "frac", "bound");
     }
@@ -82,6 +85,14 @@ class Emitter {
     }
     if (opt_.json) {
       std::cout << row.dump() << "\n" << std::flush;
+    } else if (opt_.device == "cpu") {
+      std::printf("%-11s %-4d %5d %4d %6d %5d %10.1f %8.1f %8.2f %7.3f %7.3f %6.3f %s\n",
+                  row.value("op", "").c_str(), row.value("b", 0), row.value("s_q", 0),
+                  row.value("h_q", 0), row.value("s_k", 0), row.value("page_size", 0),
+                  row.value("us", 0.0), row.value("gflops", 0.0), row.value("gbps", 0.0),
+                  row.value("bw_fraction", 0.0), row.value("flop_fraction", 0.0),
+                  row.value("ceiling_fraction", 0.0), row.value("bound", "").c_str());
+      std::fflush(stdout);
     } else {
       std::printf("%-8s %-4d %3d %4d %6d %5d %5s %4s %10.1f %8.1f %8.0f %6.3f %s\n",
                   row.value("op", "").c_str(), row.value("b", 0), row.value("s_q", 0),
@@ -101,6 +112,10 @@ class Emitter {
 };
 
 #ifdef MLA_WITH_CUDA
+
+// Ceilings measured on the H200 (PERF.md): dense bf16 GEMM and device-to-device copy.
+constexpr double kPeakTflops = 686.0;
+constexpr double kPeakGbps = 4246.0;
 
 struct DecodeConfig {
   int b, s_q, h_q, s_k, page;
@@ -305,12 +320,50 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
 
 #endif  // MLA_WITH_CUDA
 
+// The host's name and cpu model, for the cpu rows' "machine" field.
+std::string cpu_machine() {
+  std::string model = "unknown cpu";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " cpus";
+}
+
+int run_cpu_bench(const BenchOptions& opt) {
+  if (opt.ops.find("extend") != std::string::npos && opt.ops.find("decode") == std::string::npos &&
+      opt.ops.find("prefill") == std::string::npos) {
+    std::fprintf(stderr, "mla bench --device cpu: --ops extend is timed on cuda only\n");
+    return 2;
+  }
+  Emitter emit(opt);
+  if (!emit.file_ok()) {
+    std::fprintf(stderr, "mla bench: cannot open --out %s\n", opt.out.c_str());
+    return 2;
+  }
+  // The 1-minute load average when the run starts: the cpu rows are only as good as the
+  // machine is idle.
+  double load1 = -1.0;
+  std::ifstream("/proc/loadavg") >> load1;
+  const nlohmann::json base = {
+      {"date", utc_date()}, {"commit", commit_id()}, {"machine", cpu_machine()}, {"load1", load1}};
+  const auto wants = [&](const char* op) { return opt.ops.find(op) != std::string::npos; };
+  const Status st = run_cpu_benches(wants("decode"), wants("prefill"), opt.quick, opt.iters, base,
+                                    [&](const nlohmann::json& row) { emit.emit(row); });
+  if (!st.ok()) {
+    std::fprintf(stderr, "mla bench --device cpu: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& opt) {
+  if (opt.device == "cpu") return run_cpu_bench(opt);
   if (opt.device != "cuda") {
-    std::fprintf(stderr,
-                 "mla bench: --device %s: only --device cuda is timed here (host "
-                 "planning benchmarks are the Google Benchmark executable in bench/)\n",
-                 opt.device.c_str());
+    std::fprintf(stderr, "mla bench: --device %s: expected cuda or cpu\n", opt.device.c_str());
     return 2;
   }
 #ifndef MLA_WITH_CUDA
@@ -366,8 +419,9 @@ int run_bench(const BenchOptions& opt) {
 
 CLI::App* add_bench_command(CLI::App& app, CommandRunner* runner) {
   auto opt = std::make_shared<BenchOptions>();
-  CLI::App* sub = app.add_subcommand("bench", "Time the GPU ops (decode grid, prefill, extend)");
-  sub->add_option("--device", opt->device, "Device to time (cuda)")
+  CLI::App* sub = app.add_subcommand(
+      "bench", "Time the ops (cuda: decode grid, prefill, extend; cpu: decode and prefill grids)");
+  sub->add_option("--device", opt->device, "Device to time (cuda or cpu)")
       ->capture_default_str()
       ->check(device_name());
   sub->add_flag("--json", opt->json, "Print one JSON object per result instead of the table");

@@ -53,14 +53,43 @@ typedef float V8 __attribute__((vector_size(32)));
 constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vector
 
 // logits[r, i] (row stride lg_stride) = sm_scale * q[r] . k[i] for rows [r0, r0 + nr) (nr <= 4)
-// and keys [0, count). d must be a multiple of 8 (all MLA head dims are).
+// and keys [0, count). d must be a multiple of 8 (all MLA head dims are). Two keys at a time:
+// eight independent accumulator chains cover the FMA latency (4 cycles x 2 pipes); each
+// (row, key) sum still runs over x in order, so the result does not depend on the blocking.
 [[gnu::always_inline]] inline void logits_rows(const float* q, int64_t q_stride, int r0, int nr,
                                                int d, const float* k, int64_t k_stride, int count,
                                                int lg_stride, float sm_scale, float* logits) {
   const float* qr[kRowBlock];
   for (int j = 0; j < kRowBlock; ++j)
     qr[j] = q + static_cast<int64_t>(r0 + std::min(j, nr - 1)) * q_stride;
-  for (int i = 0; i < count; ++i) {
+  int i = 0;
+  for (; i + 2 <= count; i += 2) {
+    const float* k0 = k + i * k_stride;
+    const float* k1 = k0 + k_stride;
+    V8 a00 = {}, a10 = {}, a20 = {}, a30 = {}, a01 = {}, a11 = {}, a21 = {}, a31 = {};
+    for (int x = 0; x < d; x += 8) {
+      const V8 kv0 = load8(k0 + x), kv1 = load8(k1 + x);
+      V8 qv = load8(qr[0] + x);
+      a00 += qv * kv0;
+      a01 += qv * kv1;
+      qv = load8(qr[1] + x);
+      a10 += qv * kv0;
+      a11 += qv * kv1;
+      qv = load8(qr[2] + x);
+      a20 += qv * kv0;
+      a21 += qv * kv1;
+      qv = load8(qr[3] + x);
+      a30 += qv * kv0;
+      a31 += qv * kv1;
+    }
+    const float s0[kRowBlock] = {hsum8(a00), hsum8(a10), hsum8(a20), hsum8(a30)};
+    const float s1[kRowBlock] = {hsum8(a01), hsum8(a11), hsum8(a21), hsum8(a31)};
+    for (int j = 0; j < nr; ++j) {
+      logits[static_cast<int64_t>(r0 + j) * lg_stride + i] = sm_scale * s0[j];
+      logits[static_cast<int64_t>(r0 + j) * lg_stride + i + 1] = sm_scale * s1[j];
+    }
+  }
+  for (; i < count; ++i) {
     const float* kr = k + i * k_stride;
     V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
     for (int x = 0; x < d; x += 8) {
@@ -77,7 +106,8 @@ constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vect
 }
 
 // acc[r] += sum_{i < count} p[r, i] * v[i] for rows [r0, r0 + nr); p rows have stride
-// p_stride and are zero past their own keys.
+// p_stride and are zero past their own keys. 16 columns at a time (eight accumulator chains),
+// 8 for a remainder; each element's sum runs over i in order.
 [[gnu::always_inline]] inline void pv_rows(const float* p, int p_stride, int count, int r0, int nr,
                                            const float* v, int64_t v_stride, int dv, float* acc) {
   const float* pr[kRowBlock];
@@ -87,7 +117,40 @@ constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vect
     pr[j] = p + static_cast<int64_t>(r) * p_stride;
     ar[j] = acc + static_cast<int64_t>(r) * dv;
   }
-  for (int x = 0; x < dv; x += 8) {
+  int x = 0;
+  for (; x + 16 <= dv; x += 16) {
+    V8 a0 = load8(ar[0] + x), a1 = load8(ar[1] + x), a2 = load8(ar[2] + x), a3 = load8(ar[3] + x);
+    V8 b0 = load8(ar[0] + x + 8), b1 = load8(ar[1] + x + 8), b2 = load8(ar[2] + x + 8),
+       b3 = load8(ar[3] + x + 8);
+    for (int i = 0; i < count; ++i) {
+      const float* vr = v + i * v_stride + x;
+      const V8 v0 = load8(vr), v1 = load8(vr + 8);
+      a0 += pr[0][i] * v0;
+      b0 += pr[0][i] * v1;
+      a1 += pr[1][i] * v0;
+      b1 += pr[1][i] * v1;
+      a2 += pr[2][i] * v0;
+      b2 += pr[2][i] * v1;
+      a3 += pr[3][i] * v0;
+      b3 += pr[3][i] * v1;
+    }
+    // Duplicated rows (nr < 4) computed the same values; store each distinct row once.
+    store8(ar[0] + x, a0);
+    store8(ar[0] + x + 8, b0);
+    if (nr > 1) {
+      store8(ar[1] + x, a1);
+      store8(ar[1] + x + 8, b1);
+    }
+    if (nr > 2) {
+      store8(ar[2] + x, a2);
+      store8(ar[2] + x + 8, b2);
+    }
+    if (nr > 3) {
+      store8(ar[3] + x, a3);
+      store8(ar[3] + x + 8, b3);
+    }
+  }
+  for (; x < dv; x += 8) {
     V8 a0 = load8(ar[0] + x), a1 = load8(ar[1] + x), a2 = load8(ar[2] + x), a3 = load8(ar[3] + x);
     for (int i = 0; i < count; ++i) {
       const V8 vv = load8(v + i * v_stride + x);
@@ -96,7 +159,6 @@ constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vect
       a2 += pr[2][i] * vv;
       a3 += pr[3][i] * vv;
     }
-    // Duplicated rows (nr < 4) computed the same values; store each distinct row once.
     store8(ar[0] + x, a0);
     if (nr > 1) store8(ar[1] + x, a1);
     if (nr > 2) store8(ar[2] + x, a2);

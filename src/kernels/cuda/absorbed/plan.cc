@@ -244,7 +244,7 @@ __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int 
           }
           ++num_units;
         };
-        while (!overflow) {
+        while (!overflow) {  // NOLINT(bugprone-infinite-loop): put() sets overflow
           const int64_t left = n - begin;
           if (cta == last_cta || left + kUnitCost <= room + kMinPieceTiles) {
             const bool split = begin > 0;
