@@ -43,6 +43,7 @@ class RunCheck : public ::testing::Test {
     json j = json::parse(o.out, nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << o.out << o.err;
     if (j.is_discarded() || !j.contains("check")) return json::object();
+    last_ = j;
     const json& c = j["check"];
     EXPECT_EQ(c["passed"].get<bool>(), expect_pass) << c.dump(1);
     EXPECT_EQ(c["kinds_checked"], c["kinds_present"]);
@@ -61,6 +62,7 @@ class RunCheck : public ::testing::Test {
   }
 
   std::string dir_;
+  json last_;  // the whole report of the last run_check
 };
 
 // One request prefilled in chunks of 1024; at its third chunk (prefix 2048) 31 short requests
@@ -117,6 +119,45 @@ TEST_F(RunCheck, ThreeHundredConcurrentDecodes) {
       }
     }
     EXPECT_TRUE(seen) << "no 300-request decode was checked\n" << c.dump(1);
+  }
+}
+
+// Eight requests whose prompts fit the pool together but whose outputs do not: the scheduler
+// preempts (admission does not know output lengths), the victims re-prefill prompt + generated
+// tokens, and --check checks a re-prefill and a later decode of a preempted request. The
+// serving metrics cover every request.
+TEST_F(RunCheck, PreemptedRequestsAreChecked) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 8; ++i) lines.push_back(line(0, 100, 60));
+  const json c = run_check({"--trace", trace(lines), "--page-size", "16", "--pool-tokens", "1024",
+                            "--max-batch-tokens", "1024"});
+  EXPECT_GE(c["recompute_steps_checked"].get<int64_t>(), 1) << c.dump(1);
+  EXPECT_GE(c["preempted_decode_steps_checked"].get<int64_t>(), 1) << c.dump(1);
+  const json& m = last_["serving"];
+  EXPECT_GT(m["kv_pool"]["preemptions"].get<int64_t>(), 0) << m.dump(1);
+  EXPECT_EQ(m["kv_pool"]["capacity_tokens"], 1024);
+  EXPECT_LE(m["kv_pool"]["peak_utilisation"].get<double>(), 1.0);
+  EXPECT_EQ(m["throughput"]["output_tokens"], 8 * 60);
+  EXPECT_GT(m["throughput"]["recompute_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(last_["scheduler"]["finished"], 8);
+  for (const char* k : {"queue", "ttft", "tpot", "e2e"}) {
+    const json& p = m["latency_seconds"][k];
+    EXPECT_EQ(p["count"], 8) << k;
+    EXPECT_LE(p["p50"].get<double>(), p["p90"].get<double>()) << k;
+    EXPECT_LE(p["p90"].get<double>(), p["p99"].get<double>()) << k;
+    EXPECT_GE(p["p50"].get<double>(), 0.0) << k;
+  }
+  EXPECT_GE(m["latency_seconds"]["e2e"]["p50"].get<double>(),
+            m["latency_seconds"]["ttft"]["p50"].get<double>());
+  EXPECT_GT(m["latency_seconds"]["tpot"]["p50"].get<double>(), 0.0);
+  // The timeline is the per-mode seconds back to back.
+  double modes = 0.0;
+  for (const auto& [mode, sec] : last_["seconds"].items()) modes += sec.get<double>();
+  EXPECT_NEAR(m["seconds"].get<double>(), modes, 1e-6 * std::max(1.0, modes));
+  EXPECT_TRUE(m["planning_us_by_mode"].contains("decode")) << m.dump(1);
+  const json& rep = last_["reproduce"];
+  for (const char* k : {"version", "commit", "seed", "limits", "flags"}) {
+    EXPECT_TRUE(rep.contains(k)) << k;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <set>
 
 #include "mla/kv_pool.h"
@@ -226,6 +227,141 @@ TEST(CliScheduler, RejectsRequestsThatCannotFit) {
   cfg.speculative_tokens = 9;
   auto pool2 = make_pool(16, 4096, cfg.pool_rows());
   EXPECT_FALSE(Scheduler::create(pool2.get(), cfg, {}).ok());
+}
+
+// Pages this step writes (its out_cache_loc) belong to exactly one live request: no two
+// requests are ever handed the same page, however tight the pool.
+void expect_written_pages_exclusive(const Step& step, const LatentKvPool& pool) {
+  const int p = pool.config().page_size;
+  for (int32_t slot : step.batch.out_cache_loc) {
+    EXPECT_EQ(pool.allocator().ref_count(slot / p), 1)
+        << "slot " << slot << " of step " << step.index;
+  }
+  EXPECT_LE(pool.config().num_pages - pool.free_pages(), pool.config().num_pages);
+}
+
+// Eight requests whose prompts fit together but whose outputs do not: admission (prompts only)
+// takes all eight, decodes then run out of pages and the scheduler preempts; every request
+// still finishes with its full output and the pool ends empty (run_all's checks).
+TEST(CliScheduler, PreemptsWhenDecodesOutgrowThePool) {
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(RequestSpec{i, 0, 100, 200, 0, 0});
+  SchedulerConfig cfg;
+  auto pool = make_pool(16, 1024, cfg.pool_rows());  // 64 pages; one request peaks at 19
+  ASSERT_NE(pool, nullptr);
+  int max_bs = 0;
+  const SchedulerStats s =
+      run_all(pool.get(), cfg, reqs, [&](const Step& step, const LatentKvPool& p) {
+        expect_written_pages_exclusive(step, p);
+        if (step.batch.mode == ForwardMode::kDecode)
+          max_bs = std::max(max_bs, step.batch.batch_size);
+      });
+  EXPECT_EQ(max_bs, 8);  // the prompts were all admitted at once: output lengths unknown
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.preempted_requests, 0);
+  EXPECT_GT(s.recompute_tokens, 0);
+  EXPECT_GE(s.peak_used_pages, 60);
+}
+
+// A preempted request comes back at the front of the queue and re-prefills its prompt plus
+// the tokens it had generated, then generates the rest; the oldest request is never the victim.
+TEST(CliScheduler, PreemptedRequestRePrefillsPromptAndGeneratedTokens) {
+  std::vector<RequestSpec> reqs{RequestSpec{0, 0, 32, 40, 0, 0}, RequestSpec{1, 0, 32, 40, 0, 0},
+                                RequestSpec{2, 1, 16, 4, 0, 0}};
+  SchedulerConfig cfg;
+  auto pool = make_pool(16, 128, cfg.pool_rows());  // 8 pages; each of 0 and 1 peaks at 5
+  ASSERT_NE(pool, nullptr);
+  auto sched_or = Scheduler::create(pool.get(), cfg, reqs);
+  ASSERT_TRUE(sched_or.ok()) << sched_or.status().to_string();
+  Scheduler& sched = **sched_or;
+  std::map<int, int32_t> generated_at_preemption;
+  std::map<int, int> preemptions_seen;
+  bool re_prefill_seen = false;
+  int guard = 0;
+  while (!sched.done() && ++guard < 10000) {
+    auto step = sched.next_step();
+    ASSERT_TRUE(step.ok()) << step.status().to_string();
+    for (int id : {0, 1, 2}) {  // preempted while next_step() made room?
+      const RequestEvents& e = sched.events()[static_cast<std::size_t>(id)];
+      if (e.preemptions > preemptions_seen[id]) {
+        preemptions_seen[id] = e.preemptions;
+        generated_at_preemption[id] = sched.generated()[static_cast<std::size_t>(id)];
+      }
+    }
+    for (std::size_t i = 0; i < step->request_ids.size(); ++i) {
+      const int id = step->request_ids[i];
+      const bool prefill =
+          step->batch.mode == ForwardMode::kExtend ||
+          (step->batch.mode == ForwardMode::kMixed && static_cast<int>(i) < step->num_prefill);
+      if (prefill && generated_at_preemption.count(id)) {
+        EXPECT_EQ(step->batch.extend_prefix_lens[i], 0);  // its KV was freed: from scratch
+        EXPECT_EQ(step->batch.seq_lens[i], reqs[id].prompt_len + generated_at_preemption[id]);
+        EXPECT_GT(step->num_recompute, 0);
+        generated_at_preemption.erase(id);
+        re_prefill_seen = true;
+      }
+    }
+    ASSERT_TRUE(sched.complete_step(*step).ok());
+  }
+  ASSERT_TRUE(sched.done());
+  EXPECT_TRUE(re_prefill_seen);
+  EXPECT_EQ(sched.events()[0].preemptions, 0);  // the oldest always progresses
+  EXPECT_GT(sched.stats().preemptions, 0);
+  for (const RequestSpec& r : reqs) {
+    const RequestEvents& e = sched.events()[static_cast<std::size_t>(r.id)];
+    EXPECT_EQ(sched.generated()[static_cast<std::size_t>(r.id)], r.output_len);
+    EXPECT_GE(e.arrived, 0);
+    EXPECT_GE(e.scheduled, e.arrived);
+    EXPECT_GE(e.first_token, e.scheduled);
+    EXPECT_GE(e.finished, e.first_token);
+  }
+  int64_t total = 0;
+  for (const RequestSpec& r : reqs) total += r.prompt_len + r.output_len;
+  EXPECT_EQ(sched.progress_tokens(), total);  // re-prefills not counted twice
+  EXPECT_TRUE(sched.release_all().ok());
+  EXPECT_EQ(pool->free_pages(), pool->config().num_pages);
+}
+
+// Property: over seeds, page sizes, speculative decoding and mixing, with pools from barely
+// the largest request to roomy, every request finishes with its output length, written pages
+// are never shared, the pool is empty at the end and nothing livelocks (run_all's guard).
+TEST(CliScheduler, PreemptionPropertyEveryRequestFinishesOnTightPools) {
+  int64_t preemptions = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    for (int page_size : {1, 16, 64}) {
+      for (int spec : {0, 2}) {
+        for (double room : {1.0, 1.5, 3.0}) {
+          SCOPED_TRACE(testing::Message() << "seed " << seed << " page " << page_size << " spec "
+                                          << spec << " room " << room);
+          WorkloadConfig wc;
+          wc.num_requests = 16;
+          wc.seed = seed;
+          wc.prompt_median = 64;
+          wc.prompt_max = 512;
+          wc.output_median = 48;
+          wc.output_max = 200;
+          auto w = generate_workload(wc);
+          ASSERT_TRUE(w.ok());
+          int64_t biggest = 0;
+          for (const RequestSpec& r : *w)
+            biggest = std::max<int64_t>(biggest, r.prompt_len + r.output_len - 1 + spec);
+          SchedulerConfig cfg;
+          cfg.speculative_tokens = spec;
+          cfg.enable_mixed = seed % 2 == 1;
+          cfg.max_batch_tokens = 256;
+          cfg.seed = seed;
+          const int64_t pages = static_cast<int64_t>(
+              room * static_cast<double>((biggest + page_size - 1) / page_size) + 1);
+          auto pool = make_pool(page_size, pages * page_size, cfg.pool_rows());
+          ASSERT_NE(pool, nullptr);
+          const SchedulerStats s = run_all(pool.get(), cfg, *w, expect_written_pages_exclusive);
+          EXPECT_EQ(s.finished, 16);
+          preemptions += s.preemptions;
+        }
+      }
+    }
+  }
+  EXPECT_GT(preemptions, 0);
 }
 
 TEST(CliScheduler, CompleteStepOutOfOrderIsAnError) {

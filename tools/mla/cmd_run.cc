@@ -73,9 +73,51 @@ json check_json(const RunReport& r, const RunConfig& c) {
           {"steps_with_sampled_heads", s.steps_with_sampled_heads},
           {"kv_slots_checked", s.kv_slots_checked},
           {"kv_mismatches", s.kv_mismatches},
+          {"recompute_steps_checked", s.recompute_steps_checked},
+          {"preempted_decode_steps_checked", s.preempted_decode_steps_checked},
           {"kinds_present", s.kinds_present},
           {"kinds_checked", s.kinds_checked},
           {"checks", steps}};
+}
+
+json percentiles_json(const Percentiles& p) {
+  return {{"count", p.count}, {"p50", p.p50},   {"p90", p.p90},
+          {"p99", p.p99},     {"mean", p.mean}, {"max", p.max}};
+}
+
+// The serving metrics (run_driver.h's ServingMetrics documents the clock).
+json serving_json(const ServingMetrics& m) {
+  json plan = json::object();
+  for (const auto& [mode, p] : m.plan_us) {
+    plan[mode] = percentiles_json(p);
+    plan[mode]["total_seconds"] = m.plan_seconds.at(mode);
+  }
+  return {{"clock",
+           "simulated timeline: each batch advances it by its measured planning + layer time "
+           "(check excluded); a request arrives at the start of the first step whose scheduler "
+           "clock reaches its arrival_step; idle time before a later arrival is not counted"},
+          {"seconds", m.seconds},
+          {"latency_seconds",
+           {{"queue", percentiles_json(m.queue)},
+            {"ttft", percentiles_json(m.ttft)},
+            {"tpot", percentiles_json(m.tpot)},
+            {"e2e", percentiles_json(m.e2e)}}},
+          {"throughput",
+           {{"output_tokens", m.output_tokens},
+            {"output_tokens_per_second", m.output_tokens_per_s},
+            {"prefill_tokens", m.prefill_tokens},
+            {"recompute_tokens", m.recompute_tokens},
+            {"prefill_tokens_per_second", m.prefill_tokens_per_s}}},
+          {"planning_us_by_mode", plan},
+          {"kv_pool",
+           {{"pages", m.pool_pages},
+            {"page_size", m.page_size},
+            {"capacity_tokens", m.pool_pages * m.page_size},
+            {"peak_used_pages", m.peak_used_pages},
+            {"peak_utilisation", m.peak_utilisation},
+            {"preemptions", m.preemptions},
+            {"preempted_requests", m.preempted_requests},
+            {"preempted_tokens", m.preempted_tokens}}}};
 }
 
 json peak_json(const RunReport& r) {
@@ -100,6 +142,19 @@ json report_json(const RunReport& r, const RunConfig& c) {
                  {"commit", git_commit()},
                  {"seed", w.seed},
                  {"trace", c.trace},
+                 {"flags",
+                  {{"backend", c.backend},
+                   {"device", c.device.to_string()},
+                   {"model", c.model},
+                   {"layers", c.layers},
+                   {"requests", w.num_requests},
+                   {"speculative", c.scheduler.speculative_tokens},
+                   {"cuda_graph", c.cuda_graph},
+                   {"piecewise_graph", c.piecewise_graph},
+                   {"disable_chunked_prefix_cache", c.disable_chunked_prefix_cache},
+                   {"check", c.check},
+                   {"check_steps", c.check_steps},
+                   {"check_tolerance", c.check_tolerance}}},
                  {"limits",
                   {{"max_running", c.scheduler.max_running_requests},
                    {"max_batch_tokens", c.scheduler.max_batch_tokens},
@@ -137,6 +192,7 @@ json report_json(const RunReport& r, const RunConfig& c) {
          {"seconds", seconds},
          {"batches", batches},
          {"tokens_per_second", tok_s},
+         {"serving", serving_json(r.serving)},
          {"workspaces", r.workspaces},
          {"peak_bytes_outside_pool", peak_json(r)},
          {"chunk_kv_budget_bytes", static_cast<std::size_t>(c.chunk_kv_budget_mib) << 20},
@@ -162,7 +218,11 @@ json report_json(const RunReport& r, const RunConfig& c) {
            {"prefill_chunks", s.prefill_chunks},
            {"drafts_proposed", s.drafts_proposed},
            {"drafts_accepted", s.drafts_accepted},
-           {"peak_used_pages", s.peak_used_pages}}}};
+           {"peak_used_pages", s.peak_used_pages},
+           {"preemptions", s.preemptions},
+           {"preempted_requests", s.preempted_requests},
+           {"preempted_tokens", s.preempted_tokens},
+           {"recompute_tokens", s.recompute_tokens}}}};
   if (r.checked) j["check"] = check_json(r, c);
   return j;
 }
@@ -188,6 +248,34 @@ void print_report(const RunReport& r, const RunConfig& c) {
   }
   fmt::print("{:<14} {:>8} {:>9} {:>10.3f} {:>12.1f}\n", "total", r.steps, tokens, secs,
              secs > 0 ? tokens / secs : 0.0);
+  const ServingMetrics& m = r.serving;
+  fmt::print(
+      "\nserving metrics on the simulated timeline ({:.3f} s: measured batch times back to back; "
+      "see `mla run --help`), milliseconds:\n",
+      m.seconds);
+  fmt::print("  {:<22} {:>10} {:>10} {:>10} {:>10}\n", "", "p50", "p90", "p99", "mean");
+  for (const auto& [name, p] : {std::pair<const char*, const Percentiles&>{"queueing", m.queue},
+                                {"time to first token", m.ttft},
+                                {"time per output token", m.tpot},
+                                {"end-to-end", m.e2e}}) {
+    fmt::print("  {:<22} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", name, p.p50 * 1e3, p.p90 * 1e3,
+               p.p99 * 1e3, p.mean * 1e3);
+  }
+  fmt::print(
+      "  output {} tokens, {:.1f} tokens/s; prefill {} tokens ({} recomputed after "
+      "preemption), {:.1f} tokens/s\n",
+      m.output_tokens, m.output_tokens_per_s, m.prefill_tokens, m.recompute_tokens,
+      m.prefill_tokens_per_s);
+  fmt::print("  planning per batch, us (p50 / p90 / p99, total ms):");
+  for (const auto& [mode, p] : m.plan_us) {
+    fmt::print(" {} {:.1f} / {:.1f} / {:.1f}, {:.2f};", mode, p.p50, p.p90, p.p99,
+               m.plan_seconds.at(mode) * 1e3);
+  }
+  fmt::print(
+      "\n  KV pool: {} pages of {} ({} tokens), peak {} pages ({:.1f} %), {} preemptions "
+      "({} requests, {} KV tokens discarded)\n",
+      m.pool_pages, m.page_size, m.pool_pages * m.page_size, m.peak_used_pages,
+      m.peak_utilisation * 100.0, m.preemptions, m.preempted_requests, m.preempted_tokens);
   const auto& s = r.scheduler;
   fmt::print(
       "\nscheduler: {} requests finished, max batch {}, {} prefix hits ({} tokens shared), "
@@ -224,6 +312,10 @@ void print_report(const RunReport& r, const RunConfig& c) {
         c.check_tolerance, r.check_passed ? "PASSED" : "FAILED");
     fmt::print("  kinds present: {}; checked: {}\n", fmt::join(cs.kinds_present, ", "),
                fmt::join(cs.kinds_checked, ", "));
+    if (cs.recompute_steps_checked || cs.preempted_decode_steps_checked) {
+      fmt::print("  preempted requests: {} re-prefill steps and {} decode steps checked\n",
+                 cs.recompute_steps_checked, cs.preempted_decode_steps_checked);
+    }
     if (cs.steps_with_sampled_heads) {
       fmt::print("  {} steps checked a sample of the heads (reference budget)\n",
                  cs.steps_with_sampled_heads);
@@ -279,6 +371,19 @@ CLI::App* add_run_command(CLI::App& app, CommandRunner* runner) {
   RunConfig& c = f->config;
   CLI::App* sub = app.add_subcommand(
       "run", "Serving simulation: drive a backend through a realistic stream of batches");
+  sub->footer(
+      "Scheduling: admission reserves each request's prompt only (its output length is not "
+      "known in advance); when decodes need pages the pool lacks, cached prefixes are evicted, "
+      "then the most recently admitted requests are preempted (pages freed, requeued at the "
+      "front, later re-prefilled with their generated tokens).\n"
+      "Metrics clock: a simulated timeline on which each batch takes its measured time "
+      "(planning + layers on the device; --check's reference excluded), batches back to back. "
+      "A request arrives at the start of the first step whose scheduler clock reaches its "
+      "arrival_step; idle time before a later arrival is not counted. Queueing: arrival to its "
+      "first prefill chunk's start; TTFT: arrival to the end of the batch giving its first "
+      "output token; end-to-end: to the end of the batch giving its last; TPOT: (end-to-end - "
+      "TTFT) / (output tokens - 1). p50/p90/p99 are nearest-rank over requests. tokens/s per "
+      "mode: new (query) tokens / that mode's measured seconds, as in earlier versions.");
   const auto backends = BackendRegistry::global().names();
   sub->add_option("--backend", c.backend, "paged_mla, chunked_mla or ondemand_mla")
       ->capture_default_str()

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <set>
 
@@ -77,6 +78,13 @@ void add_stats(PlanningStats& into, const PlanningStats& s) {
   into.chunks_planned += s.chunks_planned;
 }
 
+// Nearest rank: the smallest value with at least p % of the values at or below it.
+double nearest_rank(const std::vector<double>& sorted, double p) {
+  const auto n = static_cast<double>(sorted.size());
+  const auto k = static_cast<std::size_t>(std::max(1.0, std::ceil(p / 100.0 * n)));
+  return sorted[std::min(k, sorted.size()) - 1];
+}
+
 class Simulation {
  public:
   explicit Simulation(const RunConfig& c) : c_(c) {}
@@ -84,7 +92,11 @@ class Simulation {
 
  private:
   Status setup();
-  Status run_step(const sim::Step& step);
+  // Runs the step; *seconds: its measured time (planning + layers, the check excluded).
+  Status run_step(const sim::Step& step, double* seconds);
+  void compute_serving_metrics();
+  // True when a decode entry of the step belongs to a request preempted before.
+  bool decodes_preempted(const sim::Step& step) const;
   // Plans the batch on `backend` (graph path for decode/verify on the target when asked) and
   // returns the number of token rows the layers run.
   StatusOr<int64_t> plan(AttentionBackend& backend, const ForwardBatch& batch, bool target);
@@ -98,6 +110,11 @@ class Simulation {
   std::unique_ptr<sim::Scheduler> scheduler_;
   std::set<int> captured_;
   std::vector<double> plan_ns_;
+  std::map<std::string, std::vector<double>> plan_ns_by_mode_;
+  std::vector<double> step_start_, step_end_;  // the timeline, per step index
+  double sim_time_ = 0.0;
+  int64_t prefill_tokens_ = 0;
+  bool recompute_checked_ = false, preempted_decode_checked_ = false;
   std::set<std::string> checked_kinds_, present_kinds_;
   void record_peaks();
   int sampled_checks_ = 0;
@@ -211,16 +228,18 @@ StatusOr<int64_t> Simulation::plan(AttentionBackend& backend, const ForwardBatch
     const auto t1 = Clock::now();
     MLA_RETURN_IF_ERROR(backend.init_forward_metadata_replay_cuda_graph(batch, padded));
     plan_ns_.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t1).count());
+    plan_ns_by_mode_[std::string(forward_mode_name(batch.mode))].push_back(plan_ns_.back());
     rows = static_cast<int64_t>(padded) *
            (batch.mode == ForwardMode::kTargetVerify ? batch.num_draft_tokens : 1);
     return rows;
   }
   MLA_RETURN_IF_ERROR(plan_batch(backend, batch));
   plan_ns_.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+  plan_ns_by_mode_[std::string(forward_mode_name(batch.mode))].push_back(plan_ns_.back());
   return rows;
 }
 
-Status Simulation::run_step(const sim::Step& step) {
+Status Simulation::run_step(const sim::Step& step, double* seconds) {
   const ForwardBatch& batch = step.batch;
   const auto t0 = Clock::now();
   const bool on_draft = batch.mode == ForwardMode::kDraftExtend;
@@ -232,6 +251,10 @@ Status Simulation::run_step(const sim::Step& step) {
     present_kinds_.insert(kind);
     if (!checked_kinds_.count(kind)) {
       reason = "first " + kind;
+    } else if (step.num_recompute > 0 && !recompute_checked_) {
+      reason = "re-prefill after a preemption";
+    } else if (!preempted_decode_checked_ && decodes_preempted(step)) {
+      reason = "decode of a request preempted before";
     } else if (prefill_prefix(step) > 0) {
       reason = "extend with a prefix";
     } else if (step.index % 5 == 0 && sampled_checks_ < c_.check_steps) {
@@ -280,6 +303,14 @@ Status Simulation::run_step(const sim::Step& step) {
         CheckSummary& sum = report_.check_summary;
         if (report_.checks.empty() || report_.checks.back().step != step.index) {
           ++sum.steps_checked;
+          if (step.num_recompute > 0) {
+            recompute_checked_ = true;
+            ++sum.recompute_steps_checked;
+          }
+          if (decodes_preempted(step)) {
+            preempted_decode_checked_ = true;
+            ++sum.preempted_decode_steps_checked;
+          }
         }
         sum.requests_checked += r.entries_checked;
         sum.rows += r.rows;
@@ -309,7 +340,8 @@ Status Simulation::run_step(const sim::Step& step) {
   ModeTotals& m = report_.modes[std::string(forward_mode_name(batch.mode))];
   ++m.batches;
   m.tokens += batch.num_tokens();
-  m.seconds += seconds_since(t0) - check_seconds;
+  *seconds = seconds_since(t0) - check_seconds;
+  m.seconds += *seconds;
   return Status::Ok();
 }
 
@@ -340,10 +372,14 @@ StatusOr<RunReport> Simulation::run() {
     total_tokens += static_cast<int64_t>(r.prompt_len) + r.output_len;
   }
   Progress progress("mla run", total_tokens, c_.progress);
-  int64_t prefill_tokens = 0;
+  int64_t& prefill_tokens = prefill_tokens_;
   while (!scheduler_->done()) {
     MLA_ASSIGN_OR_RETURN(sim::Step step, scheduler_->next_step());
-    MLA_RETURN_IF_ERROR(run_step(step));
+    double seconds = 0.0;
+    MLA_RETURN_IF_ERROR(run_step(step, &seconds));
+    step_start_.push_back(sim_time_);
+    sim_time_ += seconds;
+    step_end_.push_back(sim_time_);
     record_peaks();
     MLA_RETURN_IF_ERROR(scheduler_->complete_step(step));
     const ForwardBatch& b = step.batch;
@@ -353,16 +389,22 @@ StatusOr<RunReport> Simulation::run() {
     }
     int64_t generated = 0;
     for (int32_t g : scheduler_->generated()) generated += g;
+    // Prompt tokens prefilled once plus output tokens: a re-prefill after a preemption does
+    // not move the bar twice.
     progress.update(
-        prefill_tokens + generated,
-        fmt::format("step {}, {} prompt + {} output tokens, {}/{} requests done, {} "
-                    "bs {}",
+        scheduler_->progress_tokens(),
+        fmt::format("step {}, {} prefill + {} output tokens, {}/{} requests done, {} "
+                    "bs {}{}",
                     step.index, prefill_tokens, generated, scheduler_->stats().finished,
-                    scheduler_->requests().size(), forward_mode_name(b.mode), b.batch_size));
+                    scheduler_->requests().size(), forward_mode_name(b.mode), b.batch_size,
+                    scheduler_->stats().preemptions
+                        ? fmt::format(", {} preemptions", scheduler_->stats().preemptions)
+                        : ""));
   }
   progress.finish();
   report_.steps = scheduler_->stats().steps;
   report_.scheduler = scheduler_->stats();
+  compute_serving_metrics();
   add_stats(report_.planning, target_->planning_stats());
   if (draft_) add_stats(report_.planning, draft_->planning_stats());
   if (!plan_ns_.empty()) {
@@ -392,7 +434,87 @@ StatusOr<RunReport> Simulation::run() {
   return report_;
 }
 
+bool Simulation::decodes_preempted(const sim::Step& step) const {
+  const ForwardMode mode = step.batch.mode;
+  if (mode != ForwardMode::kDecode && mode != ForwardMode::kMixed &&
+      mode != ForwardMode::kTargetVerify) {
+    return false;
+  }
+  const std::size_t first =
+      mode == ForwardMode::kMixed ? static_cast<std::size_t>(step.num_prefill) : 0;
+  for (std::size_t i = first; i < step.request_ids.size(); ++i) {
+    if (scheduler_->events()[static_cast<std::size_t>(step.request_ids[i])].preemptions > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Simulation::compute_serving_metrics() {
+  ServingMetrics& m = report_.serving;
+  const sim::SchedulerStats& s = scheduler_->stats();
+  m.seconds = sim_time_;
+  std::vector<double> queue, ttft, tpot, e2e;
+  const auto& events = scheduler_->events();
+  for (const sim::RequestSpec& r : scheduler_->requests()) {
+    const sim::RequestEvents& e = events[static_cast<std::size_t>(r.id)];
+    m.output_tokens += scheduler_->generated()[static_cast<std::size_t>(r.id)];
+    if (e.arrived < 0 || e.scheduled < 0 || e.first_token < 0 || e.finished < 0) continue;
+    const double arrival = step_start_[static_cast<std::size_t>(e.arrived)];
+    const double first = step_end_[static_cast<std::size_t>(e.first_token)];
+    const double last = step_end_[static_cast<std::size_t>(e.finished)];
+    queue.push_back(step_start_[static_cast<std::size_t>(e.scheduled)] - arrival);
+    ttft.push_back(first - arrival);
+    e2e.push_back(last - arrival);
+    if (r.output_len > 1) tpot.push_back((last - first) / (r.output_len - 1));
+  }
+  m.queue = percentiles(std::move(queue));
+  m.ttft = percentiles(std::move(ttft));
+  m.tpot = percentiles(std::move(tpot));
+  m.e2e = percentiles(std::move(e2e));
+  m.prefill_tokens = prefill_tokens_;
+  m.recompute_tokens = s.recompute_tokens;
+  if (m.seconds > 0) {
+    m.output_tokens_per_s = static_cast<double>(m.output_tokens) / m.seconds;
+    m.prefill_tokens_per_s = static_cast<double>(m.prefill_tokens) / m.seconds;
+  }
+  for (const auto& [mode, ns] : plan_ns_by_mode_) {
+    std::vector<double> us;
+    double total = 0.0;
+    for (double v : ns) {
+      us.push_back(v / 1e3);
+      total += v / 1e9;
+    }
+    m.plan_us[mode] = percentiles(std::move(us));
+    m.plan_seconds[mode] = total;
+  }
+  m.pool_pages = pool_->config().num_pages;
+  m.page_size = pool_->config().page_size;
+  m.peak_used_pages = s.peak_used_pages;
+  m.peak_utilisation =
+      m.pool_pages > 0 ? static_cast<double>(s.peak_used_pages) / static_cast<double>(m.pool_pages)
+                       : 0.0;
+  m.preemptions = s.preemptions;
+  m.preempted_requests = s.preempted_requests;
+  m.preempted_tokens = s.preempted_tokens;
+}
+
 }  // namespace
+
+Percentiles percentiles(std::vector<double> values) {
+  Percentiles p;
+  if (values.empty()) return p;
+  std::sort(values.begin(), values.end());
+  p.count = static_cast<int64_t>(values.size());
+  p.p50 = nearest_rank(values, 50);
+  p.p90 = nearest_rank(values, 90);
+  p.p99 = nearest_rank(values, 99);
+  double sum = 0.0;
+  for (double v : values) sum += v;
+  p.mean = sum / static_cast<double>(values.size());
+  p.max = values.back();
+  return p;
+}
 
 StatusOr<RunReport> run_simulation(const RunConfig& config) {
   Simulation sim(config);

@@ -71,6 +71,35 @@ struct CheckedStep {
   bool passed = true;
 };
 
+// p50 / p90 / p99 (nearest rank), mean and max of one per-request latency, in seconds.
+struct Percentiles {
+  int64_t count = 0;
+  double p50 = 0.0, p90 = 0.0, p99 = 0.0, mean = 0.0, max = 0.0;
+};
+Percentiles percentiles(std::vector<double> values);
+
+// The metrics a serving engineer reads, on the simulated timeline: time advances by each
+// batch's measured time (planning + layers on the run's device, as in the per-mode table;
+// --check's reference excluded), batches back to back. A request arrives at the start of the
+// first step whose scheduler clock reaches its arrival_step; time with nothing to run (before a
+// later arrival) is not counted. Queueing: arrival to the start of its first prefill chunk.
+// TTFT: arrival to the end of the batch that produced its first output token. End-to-end:
+// arrival to the end of the batch that produced its last. TPOT: (end-to-end - TTFT) /
+// (output_len - 1), requests with more than one output token.
+struct ServingMetrics {
+  double seconds = 0.0;  // the timeline's length (= the per-mode seconds' sum)
+  Percentiles queue, ttft, tpot, e2e;
+  int64_t output_tokens = 0;     // generated tokens
+  int64_t prefill_tokens = 0;    // tokens of prefill entries, re-prefills included
+  int64_t recompute_tokens = 0;  // of those, re-prefills after a preemption
+  double output_tokens_per_s = 0.0, prefill_tokens_per_s = 0.0;
+  std::map<std::string, Percentiles> plan_us;  // planning time per mode, microseconds
+  std::map<std::string, double> plan_seconds;  // planning time per mode, total
+  int64_t pool_pages = 0, page_size = 0, peak_used_pages = 0;
+  double peak_utilisation = 0.0;  // peak_used_pages / pool_pages
+  int64_t preemptions = 0, preempted_requests = 0, preempted_tokens = 0;
+};
+
 struct CheckSummary {
   int64_t steps = 0, steps_checked = 0;
   std::map<std::string, int64_t> steps_skipped;  // reason -> steps
@@ -79,6 +108,8 @@ struct CheckSummary {
   int64_t rows_sampled_out = 0;                  // not in the reference budget
   int64_t steps_with_sampled_heads = 0;
   int64_t kv_slots_checked = 0, kv_mismatches = 0;
+  int64_t recompute_steps_checked = 0;         // steps re-prefilling a preempted request
+  int64_t preempted_decode_steps_checked = 0;  // steps decoding a request preempted before
   std::vector<std::string> kinds_present, kinds_checked;
 };
 
@@ -95,6 +126,7 @@ struct RunReport {
   double median_plan_ns = 0.0;  // over every planned batch (our own timing)
   uint64_t graph_captures = 0;
   sim::SchedulerStats scheduler;
+  ServingMetrics serving;
   bool checked = false;
   std::vector<CheckedStep> checks;
   CheckSummary check_summary;

@@ -21,6 +21,8 @@ Scheduler::Scheduler(LatentKvPool* pool, SchedulerConfig config, std::vector<Req
       config_(config),
       requests_(std::move(requests)),
       generated_(requests_.size(), 0),
+      events_(requests_.size()),
+      prompt_done_(requests_.size(), 0),
       rng_(config.seed) {}
 
 Scheduler::~Scheduler() { release_all().ignore(); }
@@ -62,10 +64,42 @@ int64_t Scheduler::pages(int64_t tokens) const {
   return (tokens + p - 1) / p;
 }
 
-int64_t Scheduler::reserved_pages() const {
-  int64_t n = 0;
-  for (const Running& r : running_) n += std::max<int64_t>(0, pages(r.peak) - pages(r.len));
-  return n;
+int64_t Scheduler::step_growth_pages() const {
+  const int n = config_.speculative_tokens > 0 ? config_.speculative_tokens : 1;
+  int64_t total = 0;
+  for (const Running& r : running_) {
+    const int64_t end = r.prefilled < r.target ? r.target : static_cast<int64_t>(r.len) + n;
+    total += std::max<int64_t>(0, pages(end) - pages(r.len));
+  }
+  return total;
+}
+
+Status Scheduler::preempt(std::size_t running_index) {
+  const Running run = running_[running_index];
+  MLA_RETURN_IF_ERROR(pool_->free_request(run.row));
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
+  waiting_.push_front(run.id);
+  RequestEvents& e = events_[static_cast<std::size_t>(run.id)];
+  if (e.preemptions++ == 0) ++stats_.preempted_requests;
+  ++stats_.preemptions;
+  stats_.preempted_tokens += run.len;
+  return Status::Ok();
+}
+
+Status Scheduler::make_room() {
+  while (pool_->free_pages() < step_growth_pages()) {
+    bool evicted = false;
+    MLA_RETURN_IF_ERROR(evict_one(-1, &evicted));
+    if (evicted) continue;
+    if (running_.size() <= 1) {
+      // create() checked that every request fits the pool alone at its peak length.
+      return internal_error("scheduler: request {} alone needs {} more pages, {} free",
+                            running_.empty() ? -1 : running_[0].id, step_growth_pages(),
+                            pool_->free_pages());
+    }
+    MLA_RETURN_IF_ERROR(preempt(running_.size() - 1));  // the most recently admitted
+  }
+  return Status::Ok();
 }
 
 int32_t Scheduler::aligned_prefix(const RequestSpec& r) const {
@@ -99,8 +133,9 @@ Status Scheduler::evict_one(int keep_group, bool* evicted) {
 Status Scheduler::try_admit(const RequestSpec& r, bool* admitted) {
   *admitted = false;
   if (static_cast<int>(running_.size()) >= config_.max_running_requests) return Status::Ok();
-  const int64_t peak =
-      static_cast<int64_t>(r.prompt_len) + r.output_len - 1 + config_.speculative_tokens;
+  // What is known at admission: the prompt, plus the tokens generated before a preemption.
+  const int32_t gen = generated_[static_cast<std::size_t>(r.id)];
+  const int32_t target = r.prompt_len + gen;
   const int page_size = pool_->config().page_size;
   int keep_group = r.prefix_group > 0 ? r.prefix_group : -1;
   for (;;) {
@@ -109,8 +144,8 @@ Status Scheduler::try_admit(const RequestSpec& r, bool* admitted) {
         r.prefix_group > 0 && it != prefix_cache_.end()) {
       hit = std::min(it->second.len, aligned_prefix(r));
     }
-    const int64_t need = pages(peak) - hit / page_size;
-    if (pool_->free_pages() - reserved_pages() >= need) {
+    const int64_t need = pages(target) - hit / page_size;
+    if (pool_->free_pages() - step_growth_pages() >= need) {
       MLA_ASSIGN_OR_RETURN(const int row, pool_->alloc_request());
       if (hit > 0) {
         PrefixEntry& e = prefix_cache_.at(r.prefix_group);
@@ -119,7 +154,9 @@ Status Scheduler::try_admit(const RequestSpec& r, bool* admitted) {
         ++stats_.prefix_hits;
         stats_.prefix_hit_tokens += hit;
       }
-      running_.push_back(Running{r.id, row, hit, hit, static_cast<int32_t>(peak)});
+      running_.push_back(Running{r.id, row, hit, hit, target, gen > 0});
+      RequestEvents& e = events_[static_cast<std::size_t>(r.id)];
+      if (e.scheduled < 0) e.scheduled = step_index_;
       *admitted = true;
       return Status::Ok();
     }
@@ -138,8 +175,7 @@ Status Scheduler::try_admit(const RequestSpec& r, bool* admitted) {
 }
 
 Status Scheduler::add_prefill_chunk(Running& run, int64_t* budget, Step* step) {
-  const RequestSpec& r = requests_[static_cast<std::size_t>(run.id)];
-  const int32_t n = static_cast<int32_t>(std::min<int64_t>(r.prompt_len - run.prefilled, *budget));
+  const int32_t n = static_cast<int32_t>(std::min<int64_t>(run.target - run.prefilled, *budget));
   if (n <= 0) return Status::Ok();
   std::vector<int32_t> slots;
   MLA_RETURN_IF_ERROR(pool_->extend_request(run.row, run.len + n, &slots));
@@ -151,9 +187,13 @@ Status Scheduler::add_prefill_chunk(Running& run, int64_t* budget, Step* step) {
   b.out_cache_loc.insert(b.out_cache_loc.end(), slots.begin(), slots.end());
   step->request_ids.push_back(run.id);
   ++step->num_prefill;
+  if (run.recompute) {
+    ++step->num_recompute;
+    stats_.recompute_tokens += n;
+  }
   run.len += n;
   run.prefilled += n;
-  if (run.prefilled < r.prompt_len) ++stats_.prefill_chunks;
+  if (run.prefilled < run.target) ++stats_.prefill_chunks;
   *budget -= n;
   return Status::Ok();
 }
@@ -222,15 +262,15 @@ StatusOr<Step> Scheduler::next_step() {
     clock_ = std::max(clock_, requests_[next_arrival_].arrival_step);  // idle until the next one
   }
   while (next_arrival_ < requests_.size() && requests_[next_arrival_].arrival_step <= clock_) {
+    events_[static_cast<std::size_t>(next_arrival_)].arrived = step_index_;
     waiting_.push_back(requests_[next_arrival_++].id);
   }
   step.clock = clock_;
+  MLA_RETURN_IF_ERROR(make_room());
 
   std::vector<std::size_t> decoders;
   for (std::size_t i = 0; i < running_.size(); ++i) {
-    if (running_[i].prefilled == requests_[static_cast<std::size_t>(running_[i].id)].prompt_len) {
-      decoders.push_back(i);
-    }
+    if (running_[i].prefilled == running_[i].target) decoders.push_back(i);
   }
   const bool speculative = config_.speculative_tokens > 0;
   const bool mix = config_.enable_mixed && !speculative && !decoders.empty();
@@ -239,7 +279,7 @@ StatusOr<Step> Scheduler::next_step() {
   b.mode = ForwardMode::kExtend;
   const std::size_t already_running = running_.size();
   for (std::size_t i = 0; i < already_running && budget > 0; ++i) {
-    if (running_[i].prefilled < requests_[static_cast<std::size_t>(running_[i].id)].prompt_len) {
+    if (running_[i].prefilled < running_[i].target) {
       MLA_RETURN_IF_ERROR(add_prefill_chunk(running_[i], &budget, &step));
     }
   }
@@ -293,7 +333,8 @@ Status Scheduler::maybe_cache_prefix(const Running& run) {
   return Status::Ok();
 }
 
-Status Scheduler::finish(std::size_t running_index) {
+Status Scheduler::finish(std::size_t running_index, int64_t step_index) {
+  events_[static_cast<std::size_t>(running_[running_index].id)].finished = step_index;
   MLA_RETURN_IF_ERROR(pool_->free_request(running_[running_index].row));
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
   ++stats_.finished;
@@ -318,8 +359,20 @@ Status Scheduler::complete_step(const Step& step) {
                          (mode == ForwardMode::kMixed && static_cast<int>(b) < step.num_prefill);
     if (prefill) {
       MLA_RETURN_IF_ERROR(maybe_cache_prefix(*it));
-      if (it->prefilled < r.prompt_len) continue;
-      gen = 1;  // the prefill's last position yields the first output token
+      int32_t& done = prompt_done_[static_cast<std::size_t>(id)];
+      const int32_t now = std::min(it->prefilled, r.prompt_len);
+      if (now > done) {
+        progress_tokens_ += now - done;
+        done = now;
+      }
+      if (it->prefilled < it->target) continue;
+      // The prefill's last position yields the next output token: the first one, or after a
+      // re-prefill of prompt + generated tokens, the one the preemption interrupted.
+      gen += 1;
+      ++progress_tokens_;
+      it->recompute = false;
+      RequestEvents& e = events_[static_cast<std::size_t>(id)];
+      if (e.first_token < 0) e.first_token = step.index;
     } else if (mode == ForwardMode::kTargetVerify) {
       const int n = config_.speculative_tokens;
       const int32_t accept =
@@ -330,12 +383,14 @@ Status Scheduler::complete_step(const Step& step) {
       it->len += accept;
       MLA_RETURN_IF_ERROR(pool_->truncate_request(it->row, it->len));
       gen += accept;
+      progress_tokens_ += accept;
       if (gen < r.output_len) draft_pending_.push_back(id);
     } else {
       gen += 1;
+      ++progress_tokens_;
     }
     if (gen >= r.output_len) {
-      MLA_RETURN_IF_ERROR(finish(static_cast<std::size_t>(it - running_.begin())));
+      MLA_RETURN_IF_ERROR(finish(static_cast<std::size_t>(it - running_.begin()), step.index));
     }
   }
   return Status::Ok();
