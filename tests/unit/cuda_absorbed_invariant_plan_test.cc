@@ -21,7 +21,6 @@
 namespace mla::testing {
 namespace {
 
-using cuda::absorbed::CombineUnit;
 using cuda::absorbed::PlanHeader;
 using cuda::absorbed::WorkUnit;
 
@@ -73,11 +72,9 @@ Signature plan_and_sign(const std::vector<Req>& reqs, int target, int heads, int
   PlanHeader h;
   std::memcpy(&h, plan.data(), sizeof(h));
   sig.rows_per_tile = h.rows_per_tile;
-  std::vector<WorkUnit> units(static_cast<std::size_t>(h.num_units));
-  std::memcpy(units.data(), plan.data() + h.units_offset, units.size() * sizeof(WorkUnit));
-  std::vector<CombineUnit> combines(static_cast<std::size_t>(h.num_combines));
-  std::memcpy(combines.data(), plan.data() + h.combines_offset,
-              combines.size() * sizeof(CombineUnit));
+  // (the combines themselves are checked by check_absorbed_plan: one per split tile, over
+  // exactly its units' partial slots)
+  const std::vector<WorkUnit> units = fuzz::read_array<WorkUnit>(plan, h.units_offset, h.num_units);
   std::map<int32_t, std::vector<const WorkUnit*>> by_tile;
   for (const WorkUnit& u : units) {
     if (u.pool_row == target + 1) by_tile[u.row_in_req].push_back(&u);
