@@ -78,7 +78,9 @@ if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
     ok=$(grep -c '^\[       OK \]' "$log")
     bad=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$log")
     state="finished"
-    { [ $rc -eq 124 ] || [ $rc -eq 130 ] || [ $rc -eq 137 ] || ! grep -q 'tests ran' "$log"; } && \
+    # gtest's last line: "[==========] N tests from M test suites ran. (T ms total)".
+    { [ $rc -eq 124 ] || [ $rc -eq 130 ] || [ $rc -eq 137 ] || \
+      ! grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$log"; } && \
       state="TIME LIMIT (${GPU_SANITIZE_TIMEOUT:-130} s)"
     summary+=("$(printf 'sanitize   %-9s errors=%s rc=%s %ss tests run=%s ok=%s failed=%s %s %s' \
       "$tool" "$errors" "$rc" "$secs" "$ran" "$ok" "$bad" "$state" "$hazards")")

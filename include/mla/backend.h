@@ -46,6 +46,13 @@ struct BackendOptions {
   std::size_t chunked_workspace_bytes = 0;
   int max_batch = 256;  // eager capacity; graph capacity comes from init_cuda_graph_state
   int max_q_len = 8;    // longest decode/verify q_len planned for
+  // Batch invariance (docs/reliability.md): a request's outputs are bitwise the same whatever
+  // other requests share its batch and whatever the batch size. Every batch then takes the
+  // absorbed form (as in piecewise-graph mode: no batch-wide MHA / chunk choice), and the cuda
+  // absorbed planner cuts each request's keys at fixed boundaries (AttnCapacity::batch_invariant).
+  // The cpu ops are batch invariant either way. Cost: extends with long prefixes lose the MHA
+  // form; cuda decode of a few long requests spreads over fewer CTAs.
+  bool batch_invariant = false;
 };
 
 // Inputs of one layer's attention call. Only the fields of the chosen form need to be set.

@@ -45,6 +45,9 @@ struct AttnCapacity {
   int64_t max_kv_tokens = 0;  // MHA: sum of kv_len (ragged K/V rows); absorbed: unused
   int max_q_len = 1;          // absorbed: longest q_len per request the plan must handle
   int num_heads = 0;
+  // BackendOptions::batch_invariant: a request's split of its keys (and the tile rows) must not
+  // depend on the other requests of the batch (cuda absorbed: fixed split boundaries).
+  bool batch_invariant = false;
 };
 
 // ---------------------------------------------------------------------------------------------

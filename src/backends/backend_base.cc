@@ -382,7 +382,8 @@ Status BackendBase::plan_eager(const ForwardBatch& batch, ForwardMethod method, 
   lse_dev_ = static_cast<float*>(lse_.data());
   if (batch.mode == ForwardMode::kIdle || num_tokens_ == 0) return Status::Ok();
   if (method == ForwardMethod::kAbsorbed) {
-    const AttnCapacity cap{batch_size_, num_tokens_, 0, max_q_len_, static_cast<int>(H)};
+    const AttnCapacity cap{batch_size_, num_tokens_,         0,
+                           max_q_len_,  static_cast<int>(H), options_.batch_invariant};
     return plan_absorbed(cap, &absorbed_plan_, nullptr);
   }
   MLA_RETURN_IF_ERROR(plan_mha_main(method));
@@ -408,7 +409,7 @@ Status BackendBase::init_cuda_graph_state(int max_bs, int64_t max_num_tokens) {
   if (op == nullptr) return unsupported("{}: op set '{}' has no absorbed op", name_, ops_->name);
   const int H = options_.model.num_heads;
   const int q_len = static_cast<int>((max_num_tokens + max_bs - 1) / max_bs);
-  graph_cap_ = AttnCapacity{max_bs, max_num_tokens, 0, q_len, H};
+  graph_cap_ = AttnCapacity{max_bs, max_num_tokens, 0, q_len, H, options_.batch_invariant};
   graph_ready_ = false;
   const Device dev = options_.device;
   MLA_ASSIGN_OR_RETURN(graph_plan_,

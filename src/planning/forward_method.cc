@@ -28,13 +28,14 @@ bool batch_has_prefix(const ForwardBatch& batch) {
 }
 
 bool fallback_possible(const BackendOptions& options) {
-  return options.disable_chunked_prefix_cache || options.piecewise_cuda_graph;
+  return options.disable_chunked_prefix_cache || options.piecewise_cuda_graph ||
+         options.batch_invariant;
 }
 
 bool should_fall_back(const BackendOptions& options, const ForwardBatch& batch) {
   if (!is_plain_extend(batch.mode)) return false;
   return (options.disable_chunked_prefix_cache && batch_has_prefix(batch)) ||
-         options.piecewise_cuda_graph;
+         options.piecewise_cuda_graph || options.batch_invariant;
 }
 
 ForwardMethod choose_forward_method(BackendFamily family, const BackendOptions& options,
@@ -43,7 +44,7 @@ ForwardMethod choose_forward_method(BackendFamily family, const BackendOptions& 
   if (family != BackendFamily::kPagedMla) {
     return should_fall_back(options, batch) ? ForwardMethod::kAbsorbed : ForwardMethod::kMhaChunked;
   }
-  if (options.piecewise_cuda_graph) return ForwardMethod::kAbsorbed;
+  if (options.piecewise_cuda_graph || options.batch_invariant) return ForwardMethod::kAbsorbed;
   const bool has_prefix = batch_has_prefix(batch);
   const bool mha = !has_prefix || (prefix_sum(batch) >= options.mha_prefix_threshold &&
                                    !options.disable_chunked_prefix_cache);

@@ -20,13 +20,14 @@ bool batch_has_prefix(const ForwardBatch& batch);
 bool fallback_possible(const BackendOptions& options);
 
 // The fallback rule of chunked_mla and ondemand_mla, for one batch:
-//   (disable_chunked_prefix_cache and any request has a prefix) or piecewise-graph mode,
+//   (disable_chunked_prefix_cache and any request has a prefix) or piecewise-graph mode or
+//   batch_invariant,
 // for plain extends (extend, mixed) only: decode, verify, draft-extend and idle never fall back.
 bool should_fall_back(const BackendOptions& options, const ForwardBatch& batch);
 
 // SYSTEM.md 6, last paragraph:
 //  - decode, target-verify, draft-extend, idle: absorbed;
-//  - piecewise-graph mode: absorbed for every backend;
+//  - piecewise-graph mode or batch_invariant: absorbed for every backend;
 //  - paged_mla: MHA when no request has a prefix or (sum(prefix) >= mha_prefix_threshold and the
 //    chunked prefix cache is enabled); one-shot when sum(seq_lens) fits in one chunk's capacity,
 //    else chunked; otherwise absorbed;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -59,10 +60,13 @@ std::unique_ptr<Runner> make_runner(const std::string& kind, uint64_t seed) {
   return r;
 }
 
-// Plans and runs every batch of the runner once on `backend`; the o of each batch.
-std::vector<std::vector<float>> run_all(Runner& r, AttentionBackend& backend, Status* status) {
+// Plans and runs every batch of the runner once on `backend`; the o of each batch. before_each
+// runs before every batch (the counters check).
+std::vector<std::vector<float>> run_all(Runner& r, AttentionBackend& backend, Status* status,
+                                        const std::function<void()>& before_each = {}) {
   std::vector<std::vector<float>> outs;
   for (std::size_t i = 0; i < r.batches.size(); ++i) {
+    if (before_each) before_each();
     testing::LayerRun run = testing::run_layer(backend, *r.layer, r.batches[i], r.inputs[i]);
     if (!run.status.ok()) {
       *status = run.status;
@@ -95,7 +99,10 @@ TEST(Concurrency, BackendsCreatedAndDestroyedWhileOthersRunBatches) {
   auto ws = WorkspaceRegistry::global().acquire(zeroed, "concurrency_test");
   ASSERT_TRUE(ws.ok()) << ws.status().to_string();
   const std::size_t counter_bytes = align_workspace(8u * 16u * sizeof(int32_t));
+  // Read under the workspace's use lock, so it sees the state between two users (and races with
+  // no user's writes).
   auto counters_zero = [&] {
+    const auto guard = (*ws)->lock_for_use();
     const auto* p = static_cast<const unsigned char*>((*ws)->data());
     for (std::size_t i = 0; i < counter_bytes; ++i) {
       if (p[i] != 0) return false;
@@ -104,7 +111,7 @@ TEST(Concurrency, BackendsCreatedAndDestroyedWhileOthersRunBatches) {
   };
 
   constexpr int kIterations = 6;
-  std::atomic<int> failures{0}, dirty_counters{0}, runs{0}, churned{0};
+  std::atomic<int> failures{0}, dirty_counters{0}, counter_checks{0}, runs{0}, churned{0};
   std::atomic<bool> stop{false};
   std::vector<std::string> errors(runners.size());
   std::vector<std::thread> threads;
@@ -118,10 +125,15 @@ TEST(Concurrency, BackendsCreatedAndDestroyedWhileOthersRunBatches) {
           ++failures;
           return;
         }
-        if (r.kind == "chunked_mla" && !counters_zero()) ++dirty_counters;
+        // Before every batch of every runner (whatever its family: the chunked runners' batches
+        // use the zeroed workspace, the others run meanwhile) and after the last.
+        const auto check = [&] {
+          ++counter_checks;
+          if (!counters_zero()) ++dirty_counters;
+        };
         Status s;
-        const auto outs = run_all(r, **b, &s);
-        if (r.kind == "chunked_mla" && !counters_zero()) ++dirty_counters;
+        const auto outs = run_all(r, **b, &s, check);
+        check();
         if (!s.ok() || outs != r.expected) {
           errors[i] = s.ok() ? "output differs from the output computed alone" : s.to_string();
           ++failures;
@@ -155,6 +167,7 @@ TEST(Concurrency, BackendsCreatedAndDestroyedWhileOthersRunBatches) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(dirty_counters.load(), 0) << "chunked_mla.workspace counters not zero before a use";
   EXPECT_EQ(runs.load(), static_cast<int>(runners.size()) * kIterations);
+  EXPECT_EQ(counter_checks.load(), static_cast<int>(runners.size()) * kIterations * 4);
   EXPECT_GT(churned.load(), 0);
   ws->reset();
   WorkspaceRegistry::global().release_all_for_testing();

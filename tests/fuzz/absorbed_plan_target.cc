@@ -41,6 +41,9 @@ MLA_FUZZ_TARGET(absorbed_plan) {
                    static_cast<int>(std::min<int64_t>(int64_t{max_q} + in.range(0, 4), INT32_MAX)),
                    in.boolean() ? 0 : p.num_heads};
   const int ctas = in.u8() % 32 == 0 ? in.mostly(-2, 2, 2) : static_cast<int>(in.range(1, 264));
+  // Batch-invariant plans for a quarter of the inputs, from the bytes already read (no new byte:
+  // the saved corpus keeps its meaning).
+  cap.batch_invariant = ctas % 4 == 1;
   // Bound the sizes the fuzzer can ask for (a capacity of 2^31 tokens is a 100 GB plan).
   if ((cap.max_batch > 4096 || cap.max_q_tokens > (1 << 20))) return "";
   // The caller sizes the plan from the capacity; an unsupported head count there would ask for
@@ -72,5 +75,5 @@ MLA_FUZZ_TARGET(absorbed_plan) {
     FUZZ_CHECK(!p.causal || kv[b] == 0 || kv[b] >= q[b], "request {}: kv {} < q {}", b, kv[b],
                q[b]);
   }
-  return fuzz::check_absorbed_plan(p, ctas, plan, *used);
+  return fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap);
 }

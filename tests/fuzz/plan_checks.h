@@ -29,9 +29,11 @@ std::vector<T> read_array(std::span<const std::byte> plan, int64_t offset, int64
   return out;
 }
 
-// Absorbed plan of `used` bytes for problem p on num_ctas CTAs.
+// Absorbed plan of `used` bytes for problem p on num_ctas CTAs (cap: the capacity it was planned
+// for, when it bounds the partial slots differently from the grid: batch-invariant plans).
 inline std::string check_absorbed_plan(const AbsorbedProblem& p, int num_ctas,
-                                       std::span<const std::byte> plan, std::size_t used) {
+                                       std::span<const std::byte> plan, std::size_t used,
+                                       const AttnCapacity* cap = nullptr) {
   using namespace cuda::absorbed;
   FUZZ_CHECK(used >= sizeof(PlanHeader) && used <= plan.size(), "used {} of {}", used, plan.size());
   PlanHeader h;
@@ -39,8 +41,9 @@ inline std::string check_absorbed_plan(const AbsorbedProblem& p, int num_ctas,
   FUZZ_CHECK(h.num_ctas == num_ctas, "header num_ctas {} vs {}", h.num_ctas, num_ctas);
   FUZZ_CHECK(h.num_units >= 0 && h.num_combines >= 0 && h.num_partials >= 0, "counts {} {} {}",
              h.num_units, h.num_combines, h.num_partials);
-  FUZZ_CHECK(h.num_partials <= max_partials(num_ctas), "partials {} > bound {}", h.num_partials,
-             max_partials(num_ctas));
+  const int64_t partial_bound = cap ? max_partials(*cap, num_ctas) : max_partials(num_ctas);
+  FUZZ_CHECK(h.num_partials <= partial_bound, "partials {} > bound {}", h.num_partials,
+             partial_bound);
   FUZZ_CHECK(h.cta_begin_offset + int64_t{num_ctas + 1} * 4 <= static_cast<int64_t>(used) &&
                  h.units_offset + int64_t{h.num_units} * int64_t{sizeof(WorkUnit)} <=
                      static_cast<int64_t>(plan.size()) &&

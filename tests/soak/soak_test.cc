@@ -6,9 +6,10 @@
 //   - every KV page is free again (zero leaked pages) and every request row can be allocated;
 //   - once the pool, the backends and the layers are gone, the ledger is back at its baseline;
 //   - the heap in use did not grow after warm-up (live heap bytes: the sanitizer allocator's
-//     count under ASan, glibc's mallinfo2 otherwise; resident memory is reported too).
-// Under ASan (Debug, -O0) the layers run on one step in kLayerEvery (32) so that the soak stays
-// within a few minutes of CI; planning, the pool and the scheduler run every step either way.
+//     count under ASan, glibc's mallinfo2 otherwise), nor (asserted under ASan) resident memory.
+// Under ASan (Debug, -O0) the layers' attention runs on one step in kLayerEvery (32) so that the
+// soak stays within a few minutes of CI; planning, the KV cache writes, the pool and the
+// scheduler run every step either way.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -36,15 +37,26 @@
 #ifdef MLA_SOAK_ASAN
 // From the sanitizer runtime (sanitizer/allocator_interface.h, which gcc does not install).
 extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
+// ASan keeps freed blocks in a quarantine (256 MiB by default) that fills during the run, which
+// made resident memory grow after warm-up; a 32 MiB quarantine fills within the warm-up, so the
+// resident size measures the process again (ASAN_OPTIONS in the environment still wins).
+extern "C" const char* __asan_default_options() { return "quarantine_size_mb=32"; }
 #endif
 
 namespace mla {
 namespace {
 
+// Layers on one step in kLayerEvery (the KV cache is written on every step); a reference check
+// on one layer step in kCheckEvery (about 20 checks over the 2,868 steps either way).
+// The reference of one check costs at most kCheckBudget multiply-adds (rows, then heads sampled).
 #ifdef MLA_SOAK_ASAN
 constexpr int kLayerEvery = 32;
+constexpr int kCheckEvery = 4;
+constexpr double kCheckBudget = 3e7;
 #else
 constexpr int kLayerEvery = 1;
+constexpr int kCheckEvery = 128;
+constexpr double kCheckBudget = 2e8;
 #endif
 
 std::size_t heap_in_use() {
@@ -92,6 +104,7 @@ struct SoakResult {
   int free_rows = 0;
   std::vector<std::size_t> heap, rss;  // sampled every kSampleEvery steps
   std::map<std::string, int64_t> batches;
+  std::set<std::string> check_modes;  // batch modes a reference check ran on
   int64_t graph_replays = 0, prefix_hits = 0, drafts = 0;
 };
 
@@ -163,9 +176,9 @@ void soak(const std::string& backend_name, int num_requests, SoakResult* out) {
     const bool on_draft = batch.mode == ForwardMode::kDraftExtend;
     const bool run_layers = step->index % kLayerEvery == 0;
     // The reference samples rows (then heads) to stay within its budget: a check is never skipped.
-    // Sampled reference checks are off: after the issue-14 SimLayer API merge, check() returns an
-    // error on the soak's batches under ASan (not yet diagnosed; `mla run --check` covers it).
-    const bool check = false && run_layers && step->index % (10 * kLayerEvery) == 0;
+    // Steps without the layers still write the KV cache (SimLayer::write_kv): a check reads every
+    // slot its batch attends to, prefixes written many steps earlier included.
+    const bool check = run_layers && step->index % (kCheckEvery * kLayerEvery) == 0;
     auto plan_and_run = [&](AttentionBackend& be, int layer_index, bool graphs) {
       int64_t rows = batch.num_tokens();
       const bool graph = graphs && (batch.mode == ForwardMode::kDecode ||
@@ -192,16 +205,21 @@ void soak(const std::string& backend_name, int num_requests, SoakResult* out) {
         const Status s = plan_batch(be, batch);
         ASSERT_TRUE(s.ok()) << s.to_string();
       }
-      if (!run_layers) return;
+      if (!run_layers) {
+        const Status s = (*layer)->write_kv(be, batch, layer_index, rows);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        return;
+      }
       const Status s = (*layer)->forward(be, batch, layer_index, rows);
       ASSERT_TRUE(s.ok()) << s.to_string();
-      if (check && !graph) {
-        auto err = (*layer)->check(be, batch, layer_index, 2e8);
+      if (check) {
+        auto err = (*layer)->check(be, batch, layer_index, kCheckBudget);
         ASSERT_TRUE(err.ok()) << err.status().to_string();
         EXPECT_LE(err->max_rel_err, 1e-2) << "step " << step->index;
         EXPECT_EQ(err->kv_mismatches, 0) << "step " << step->index << ": " << err->kv_error;
         out->max_rel_err = std::max(out->max_rel_err, err->max_rel_err);
         ++out->checks;
+        out->check_modes.insert(std::string(forward_mode_name(batch.mode)));
       }
     };
     if (on_draft) {
@@ -255,6 +273,8 @@ TEST_P(Soak, TenThousandRequestsLeakNothing) {
   EXPECT_GT(r.graph_replays, 0);
   EXPECT_GT(r.prefix_hits, 0);
   EXPECT_GT(r.drafts, 0);
+  EXPECT_GE(r.checks, 15) << "sampled reference checks";
+  EXPECT_GE(r.check_modes.size(), 2u) << "checks ran on one batch mode only";
   // Warm-up: the first fifth of the run (buffers grow to the largest batch, graphs captured).
   ASSERT_GE(r.heap.size(), 10u);
   const std::size_t warm = r.heap.size() / 5;
@@ -264,8 +284,15 @@ TEST_P(Soak, TenThousandRequestsLeakNothing) {
   const std::size_t late_rss = *std::max_element(r.rss.begin() + warm, r.rss.end());
   EXPECT_LE(late_heap, warm_heap + (1u << 20))
       << "heap in use grew after warm-up: " << warm_heap << " -> " << late_heap << " bytes";
+#ifdef MLA_SOAK_ASAN
+  // Resident memory too (measured under ASan only; the Release run prints it).
+  EXPECT_LE(late_rss, warm_rss + (16u << 20))
+      << "resident memory grew after warm-up: " << warm_rss << " -> " << late_rss << " bytes";
+#endif
   std::string modes;
   for (const auto& [m, n] : r.batches) modes += fmt::format(" {} {}", m, n);
+  modes += "; checked:";
+  for (const auto& m : r.check_modes) modes += " " + m;
   std::printf(
       "soak %s: %lld requests, %lld steps (layers on %lld), %lld checks (max rel err %.2e), "
       "%lld graph replays, %lld prefix hits;%s; heap in use warm %.1f MiB, after %.1f MiB; "

@@ -50,6 +50,7 @@ struct BenchOptions {
   int iters = 20;
   std::string ops = "decode,prefill,extend";
   std::string cache_dtype = "bf16";  // decode: bf16, fp8 or bf16,fp8
+  bool batch_invariant = false;      // decode: batch-invariant plans (BackendOptions)
 };
 
 std::string utc_date() {
@@ -163,7 +164,7 @@ int64_t slots_needed(const DecodeConfig& c) {
 }
 
 StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, int iters,
-                                      uint64_t seed) {
+                                      uint64_t seed, bool batch_invariant) {
   MLA_RETURN_IF_ERROR(db.op->supports(c.h_q, c.page, c.cache_dtype));
   const bool fp8 = c.cache_dtype == DType::kFP8E4M3;
   testing::Rng rng(seed);
@@ -177,7 +178,7 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
                           db.cache_slots);
   }
   const int64_t tokens = int64_t{c.b} * c.s_q;
-  AttnCapacity cap{c.b, tokens, 0, c.s_q, c.h_q};
+  AttnCapacity cap{c.b, tokens, 0, c.s_q, c.h_q, batch_invariant};
   AbsorbedProblem prob{c.h_q, c.page, true, layout.req_rows, q_lens, kv_lens};
   std::vector<std::byte> plan(db.op->plan_bytes(cap));
   MLA_ASSIGN_OR_RETURN(std::size_t plan_used, db.op->plan(prob, cap, plan));
@@ -251,6 +252,7 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
                         {"s_k", c.s_k},
                         {"page_size", c.page},
                         {"varlen", c.varlen},
+                        {"batch_invariant", batch_invariant},
                         {"us", us},
                         {"cache_dtype", std::string(dtype_name(c.cache_dtype))},
                         {"kv_bytes_per_key", kv_bytes_per_key},
@@ -301,7 +303,7 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
   int failures = 0;
   uint64_t seed = 1;
   for (const DecodeConfig& c : grid) {
-    auto row = bench_decode(db, c, opt.iters, seed++);
+    auto row = bench_decode(db, c, opt.iters, seed++, opt.batch_invariant);
     if (!row.ok()) {
       std::fprintf(stderr, "decode b=%d s_q=%d h_q=%d s_k=%d page=%d %s: %s\n", c.b, c.s_q, c.h_q,
                    c.s_k, c.page, std::string(dtype_name(c.cache_dtype)).c_str(),
@@ -437,6 +439,9 @@ CLI::App* add_bench_command(CLI::App& app, CommandRunner* runner) {
                   "Decode latent cache dtype(s): bf16, fp8 or bf16,fp8")
       ->capture_default_str()
       ->check(words_in({"bf16", "fp8"}));
+  sub->add_flag("--batch-invariant", opt->batch_invariant,
+                "Decode: plan batch-invariant splits (BackendOptions::batch_invariant); compare "
+                "with a run without it for the option's cost");
   sub->callback([runner, opt] { *runner = [opt] { return run_bench(*opt); }; });
   return sub;
 }

@@ -69,14 +69,31 @@ TensorView SimLayer::noise_view(int64_t offset, std::initializer_list<int64_t> s
   return TensorView(noise_.as<bf16>() + offset, DType::kBF16, device_, shape);
 }
 
-Status SimLayer::forward(AttentionBackend& backend, const ForwardBatch& batch, int layer,
-                         int64_t T) {
+Status SimLayer::check_forward_args(const ForwardBatch& batch, int layer, int64_t T) const {
   MLA_CHECK_ARG(T >= 0 && T <= max_tokens_, "sim layer: {} tokens exceed the {} planned for", T,
                 max_tokens_);
   MLA_CHECK_ARG(layer >= 0 && layer < static_cast<int>(layers_.size()),
                 "sim layer: layer = {} is outside 0..{}", layer, layers_.size() - 1);
   MLA_CHECK_ARG(batch.num_tokens() <= T, "sim layer: batch has {} tokens, {} rows run",
                 batch.num_tokens(), T);
+  return Status::Ok();
+}
+
+Status SimLayer::record_kv(const ForwardBatch& batch, int layer, int64_t off_ckv, int64_t off_kpe) {
+  std::vector<SlotSource>& model = kv_model_[static_cast<std::size_t>(layer)];
+  for (int64_t t = 0; t < batch.num_tokens(); ++t) {
+    const int32_t slot = batch.out_cache_loc[static_cast<std::size_t>(t)];
+    MLA_CHECK_ARG(slot >= 0 && slot < static_cast<int64_t>(model.size()),
+                  "sim layer: out_cache_loc[{}] = {} is outside the pool's {} slots", t, slot,
+                  model.size());
+    model[static_cast<std::size_t>(slot)] = SlotSource{off_ckv + t * 512, off_kpe + t * 64};
+  }
+  return Status::Ok();
+}
+
+Status SimLayer::forward(AttentionBackend& backend, const ForwardBatch& batch, int layer,
+                         int64_t T) {
+  MLA_RETURN_IF_ERROR(check_forward_args(batch, layer, T));
   const int64_t H = model_.num_heads;
   last_tokens_ = T;
   off_q_ = pick_offset();
@@ -87,15 +104,18 @@ Status SimLayer::forward(AttentionBackend& backend, const ForwardBatch& batch, i
       backend, noise_view(off_q_, {T, H, 128}), noise_view(off_qpe_, {T, H, 64}),
       noise_view(off_ckv, {T, 512}), noise_view(off_kpe, {T, 64}), o, ctx_));
   // The KV model: what the batch's real tokens should have written, slot by slot.
-  std::vector<SlotSource>& model = kv_model_[static_cast<std::size_t>(layer)];
-  for (int64_t t = 0; t < batch.num_tokens(); ++t) {
-    const int32_t slot = batch.out_cache_loc[static_cast<std::size_t>(t)];
-    MLA_CHECK_ARG(slot >= 0 && slot < static_cast<int64_t>(model.size()),
-                  "sim layer: out_cache_loc[{}] = {} is outside the pool's {} slots", t, slot,
-                  model.size());
-    model[static_cast<std::size_t>(slot)] = SlotSource{off_ckv + t * 512, off_kpe + t * 64};
-  }
-  return Status::Ok();
+  return record_kv(batch, layer, off_ckv, off_kpe);
+}
+
+Status SimLayer::write_kv(AttentionBackend& backend, const ForwardBatch& batch, int layer,
+                          int64_t T) {
+  MLA_RETURN_IF_ERROR(check_forward_args(batch, layer, T));
+  const int64_t off_ckv = pick_offset(), off_kpe = pick_offset();
+  MLA_RETURN_IF_ERROR(backend.save_kv_cache(layer, noise_view(off_ckv, {T, 512}),
+                                            noise_view(off_kpe, {T, 64}), ctx_));
+  // No output was computed: a check must follow a forward, not this.
+  last_tokens_ = 0;
+  return record_kv(batch, layer, off_ckv, off_kpe);
 }
 
 namespace {

@@ -37,6 +37,12 @@ class SimLayer {
   Status forward(AttentionBackend& backend, const ForwardBatch& batch, int layer,
                  int64_t num_tokens);
 
+  // Writes only the KV cache of `layer` for `batch` (last planned on `backend`; `num_tokens` rows
+  // as in forward) and records it in the KV model, without the attention: a caller that runs the
+  // layers on some steps only (the soak under ASan) keeps every slot a later check reads written.
+  Status write_kv(AttentionBackend& backend, const ForwardBatch& batch, int layer,
+                  int64_t num_tokens);
+
   struct CheckResult {
     double max_rel_err = 0.0;  // worst per-row ||o - ref|| / ||ref|| over the checked rows
     int worst_entry = -1;      // batch entry and row (within the entry) of the worst row
@@ -65,6 +71,9 @@ class SimLayer {
   };
   TensorView noise_view(int64_t offset, std::initializer_list<int64_t> shape) const;
   int64_t pick_offset();
+  Status check_forward_args(const ForwardBatch& batch, int layer, int64_t num_tokens) const;
+  // Records in the KV model what the batch's real tokens wrote from these noise offsets.
+  Status record_kv(const ForwardBatch& batch, int layer, int64_t off_ckv, int64_t off_kpe);
 
   ModelDims model_;
   Device device_;

@@ -67,7 +67,7 @@ Status ChunkedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {
       return internal_error(
           "chunked_mla: the batch falls back to paged_mla's absorbed prefill, but the paged_mla "
           "resources were not created (they are created at construction when "
-          "disable_chunked_prefix_cache or piecewise_cuda_graph is set)");
+          "disable_chunked_prefix_cache, piecewise_cuda_graph or batch_invariant is set)");
     }
     return plan_eager(batch, ForwardMethod::kAbsorbed, false);
   }

@@ -168,7 +168,11 @@ constexpr int kRowBlock = 4;  // query rows sharing each loaded key / value vect
 
 }  // namespace
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: a target_clones function is an ifunc whose resolver the dynamic
+// loader runs while relocating, before the TSan runtime is initialised; gcc instruments the
+// resolver (__tsan_func_entry), so every TSan binary crashed at start (SIGSEGV in
+// "dot [clone .resolver]" under _dl_relocate_object, with or without setarch -R).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define MLA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define MLA_CPU_CLONES

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/absorbed/choose.h"
@@ -37,8 +38,8 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     return absorbed::plan_layout(cap, grid_ctas()).bytes;
   }
 
-  std::size_t workspace_bytes(const AttnCapacity&) const override {
-    return absorbed::partial_workspace_bytes(grid_ctas());
+  std::size_t workspace_bytes(const AttnCapacity& cap) const override {
+    return absorbed::partial_workspace_bytes(cap, grid_ctas());
   }
 
   StatusOr<std::size_t> plan(const AbsorbedProblem& problem, const AttnCapacity& cap,
@@ -88,7 +89,11 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.req_to_token_stride = a.req_to_token.stride[0];
     p.o = a.o.ptr<uint16_t>();
     p.lse = a.lse.ptr<float>();
-    const std::size_t n_partials = static_cast<std::size_t>(absorbed::max_partials(ctas));
+    // Partial slots: the grid's (as planned without batch invariance), or as many as the
+    // workspace holds when it is larger (a batch-invariant plan's workspace_bytes(cap) is sized
+    // for its capacity's slots). Either way the partial lse follows every slot the plan uses.
+    const std::size_t n_partials = static_cast<std::size_t>(
+        std::max(absorbed::max_partials(ctas), absorbed::partials_in_workspace(a.workspace_bytes)));
     p.partial_o = static_cast<float*>(a.workspace);
     const std::size_t o_bytes = n_partials * absorbed::kMaxRows * absorbed::kDimV * sizeof(float);
     p.partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) +

@@ -496,7 +496,79 @@ __attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, Pla
   out.next_partial = 2 * partials0;
 }
 
+// The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
+// request cut into invariant_pieces(n) pieces of ceil(n / pieces) key tiles, a function of the
+// tile's own extent; then the pieces, in batch order, dealt to the CTAs in contiguous runs of
+// about equal cost (the only batch-dependent choice, which changes no arithmetic). A split
+// tile's partial slots are consecutive in key order, so its combine merges them in key order.
+// The cost of every unit is collected first (one pass), then the units are written.
+__attribute__((noinline)) void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
+  int64_t total_cost = 0, units = 0;
+  for (int b = 0; b < in.bs; ++b) {
+    const int64_t rows = int64_t{in.q_lens[b]} * in.heads;
+    for (int64_t r = 0; r < rows; r += in.rows_tile) {
+      const TileRef t = tile_of(in, b, 0, r);
+      const int pieces = invariant_pieces(t.tiles);
+      total_cost += t.tiles + int64_t{pieces} * kUnitCost;
+      units += pieces;
+    }
+  }
+  if (units > out.max_units) {
+    out.overflow = true;
+    return;
+  }
+  int32_t num_units = 0, num_combines = 0, next_partial = 0;
+  int cta = 0;
+  int64_t done = 0;  // cost of the units written
+  store_i32(out.cta_begin, 0);
+  int64_t q_row = 0;
+  for (int b = 0; b < in.bs; ++b) {
+    const int64_t rows = int64_t{in.q_lens[b]} * in.heads;
+    for (int64_t r = 0; r < rows; r += in.rows_tile) {
+      const TileRef t = tile_of(in, b, q_row, r);
+      const int pieces = invariant_pieces(t.tiles);
+      const int64_t len = pieces > 1 ? (t.tiles + pieces - 1) / pieces : t.tiles;
+      const int32_t first_partial = next_partial;
+      for (int k = 0; k < pieces; ++k) {
+        const int64_t begin = k * len, end = k + 1 == pieces ? t.tiles : (k + 1) * len;
+        // The next CTA once this one holds its share of the total cost (compared in double:
+        // the products may pass int64 for absurd capacities, and only the balance depends on it).
+        while (cta + 1 < num_ctas &&
+               static_cast<double>(done) * num_ctas >= static_cast<double>(cta + 1) * total_cost) {
+          ++cta;
+          store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
+        }
+        store_unit(out.units + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++), t, begin,
+                   end, pieces > 1 ? next_partial++ : -1);
+        done += end - begin + kUnitCost;
+      }
+      if (pieces > 1) {
+        store4(out.combines + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
+               I32x4{t.head[1], t.head[2], first_partial, pieces});
+      }
+    }
+    q_row += rows;
+  }
+  out.num_units = num_units;
+  out.num_combines = num_combines;
+  out.next_partial = next_partial;
+  out.next_cta = cta + 1;
+}
+
+// Row tiles the capacity allows at most (tiles of at least min_rows rows, one partial tile per
+// request).
+int64_t capacity_tiles(const AttnCapacity& cap, int64_t min_rows) {
+  const int64_t heads = cap.num_heads > 0 ? cap.num_heads : 128;
+  return (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) / min_rows +
+         std::max(cap.max_batch, 0);
+}
+
 }  // namespace
+
+int invariant_pieces(int64_t key_tiles) {
+  const int64_t p = (key_tiles + kInvariantSplitTiles - 1) / kInvariantSplitTiles;
+  return static_cast<int>(std::clamp<int64_t>(p, 1, kInvariantMaxPieces));
+}
 
 PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
   PlanLayout l;
@@ -506,11 +578,14 @@ PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
   // the absorbed_plan fuzz target).
   const int64_t heads = cap.num_heads > 0 ? cap.num_heads : 128;
   const int64_t min_rows = std::min<int64_t>(kMaxRows, std::max<int64_t>(16, heads));
-  const int64_t max_tiles =
-      (std::max<int64_t>(cap.max_q_tokens, 0) * heads + min_rows - 1) / min_rows +
-      std::max(cap.max_batch, 0);
+  const int64_t max_tiles = capacity_tiles(cap, min_rows);
   l.max_units = max_tiles + num_ctas;
   l.max_combines = num_ctas;
+  if (cap.batch_invariant) {  // tiles of kMaxRows rows, each in up to kInvariantMaxPieces units
+    const int64_t tiles = capacity_tiles(cap, kMaxRows);
+    l.max_units = tiles * kInvariantMaxPieces;
+    l.max_combines = tiles;
+  }
   l.cta_begin_offset = align_up(sizeof(PlanHeader));
   l.units_offset = l.cta_begin_offset + align_up(sizeof(int32_t) * (int64_t{num_ctas} + 1));
   l.combines_offset = l.units_offset + align_up(sizeof(WorkUnit) * l.max_units);
@@ -520,9 +595,30 @@ PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas) {
 
 int64_t max_partials(int num_ctas) { return int64_t{kPartialsPerCta} * num_ctas; }
 
-std::size_t partial_workspace_bytes(int num_ctas) {
-  const std::size_t n = static_cast<std::size_t>(max_partials(num_ctas));
+int64_t max_partials(const AttnCapacity& cap, int num_ctas) {
+  if (!cap.batch_invariant) return max_partials(num_ctas);
+  return std::max(max_partials(num_ctas), capacity_tiles(cap, kMaxRows) * kInvariantMaxPieces);
+}
+
+namespace {
+std::size_t workspace_for(int64_t partials) {
+  const std::size_t n = static_cast<std::size_t>(partials);
   return align_up(n * kMaxRows * kDimV * sizeof(float)) + align_up(n * kMaxRows * sizeof(float));
+}
+}  // namespace
+
+std::size_t partial_workspace_bytes(int num_ctas) { return workspace_for(max_partials(num_ctas)); }
+
+std::size_t partial_workspace_bytes(const AttnCapacity& cap, int num_ctas) {
+  return workspace_for(max_partials(cap, num_ctas));
+}
+
+int64_t partials_in_workspace(std::size_t bytes) {
+  // Each slot takes kMaxRows * (kDimV + 1) floats; the two alignments cost below 2 * kAlign.
+  const std::size_t per = kMaxRows * (kDimV + 1) * sizeof(float);
+  int64_t n = static_cast<int64_t>(bytes / per);
+  while (n > 0 && workspace_for(n) > bytes) --n;
+  return n;
 }
 
 int rows_per_tile(int num_heads, int max_q_len) {
@@ -601,7 +697,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   // The chooser's tile rows and key load path (the same for both cache dtypes).
   MLA_ASSIGN_OR_RETURN(const KernelChoice choice, choose_kernel(heads, std::max<int32_t>(max_q, 1),
                                                                 p.page_size, DType::kBF16));
-  const int rows_tile = choice.tile_rows;
+  // Batch-invariant plans: tiles of kMaxRows rows whatever the batch's longest q_len.
+  const int rows_tile = cap.batch_invariant ? kMaxRows : choice.tile_rows;
   // Row tiles of a request: consecutive flat rows (token * H + head); the most any request has.
   const int max_tiles_per_req =
       static_cast<int>((int64_t{max_q} * heads + rows_tile - 1) / rows_tile);
@@ -666,7 +763,9 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
               base + layout.cta_begin_offset, layout.max_units};
   // 2. The cut, once for all groups, writing the first group's units. 3. The other groups.
   const bool decode = (max_q == 1 && groups > 1) || max_tiles_per_req <= 1;
-  if (decode) {
+  if (cap.batch_invariant) {
+    cut_invariant(in, num_ctas, out);
+  } else if (decode) {
     cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
     if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
   } else if (groups > 1) {
@@ -685,10 +784,10 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   if (out.overflow) {
     return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
   }
-  if (out.next_partial > max_partials(num_ctas)) {
+  if (out.next_partial > max_partials(cap, num_ctas)) {
     return internal_error("absorbed plan overflow: {} combines (max {}), {} partials (max {})",
                           out.num_combines, layout.max_combines, out.next_partial,
-                          max_partials(num_ctas));
+                          max_partials(cap, num_ctas));
   }
   for (int c = out.next_cta; c <= num_ctas; ++c) {
     store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(c), out.num_units);

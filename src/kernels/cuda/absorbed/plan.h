@@ -22,12 +22,30 @@ struct PlanLayout {
   std::size_t bytes = 0;
 };
 
+// Batch-invariant plans (AttnCapacity::batch_invariant): a request's units depend on that
+// request alone. Row tiles of kMaxRows rows (not the batch's longest q_len); the n key tiles a
+// row tile sees are cut into p = clamp(ceil(n / kInvariantSplitTiles), 1, kInvariantMaxPieces)
+// pieces of ceil(n / p) key tiles (the last one shorter), a split tile's partial slots are
+// consecutive in key order and its combine merges them in that order. Which CTA runs a piece
+// (the only thing the batch decides) does not change the arithmetic.
+inline constexpr int kInvariantSplitTiles = 32;  // 2048 keys
+inline constexpr int kInvariantMaxPieces = 4;
+// The pieces (units) of a row tile that sees n key tiles, in a batch-invariant plan.
+int invariant_pieces(int64_t key_tiles);
+
 // Sizes depend only on the capacity and the grid.
 PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas);
+// Partial slots a plan may use (batch-invariant plans: kInvariantMaxPieces per row tile of the
+// capacity), and the workspace that holds them (partial o, then partial lse).
 int64_t max_partials(int num_ctas);
+int64_t max_partials(const AttnCapacity& cap, int num_ctas);
 std::size_t partial_workspace_bytes(int num_ctas);
+std::size_t partial_workspace_bytes(const AttnCapacity& cap, int num_ctas);
+// Partial slots a workspace of `bytes` holds (the inverse of partial_workspace_bytes).
+int64_t partials_in_workspace(std::size_t bytes);
 
-// Rows per tile for a batch: smallest of 16 / 32 / 64 holding heads x longest q_len.
+// Rows per tile for a batch: smallest of 16 / 32 / 64 holding heads x longest q_len
+// (batch-invariant plans: kMaxRows).
 int rows_per_tile(int num_heads, int max_q_len);
 
 // Writes the plan into host_plan (at least plan_layout(cap, num_ctas).bytes); returns bytes used.

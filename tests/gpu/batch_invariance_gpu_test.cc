@@ -1,0 +1,228 @@
+// Batch invariance of the CUDA absorbed op (BackendOptions::batch_invariant, planned with
+// AttnCapacity::batch_invariant): a request's o and lse are bitwise the same alone and inside
+// random batches of other sizes and companions, at random positions. One paged cache and one q
+// per request are shared by every batch, so only the batch around the request changes. Each
+// batch's outputs are also checked against the double-precision reference. A control runs the
+// default plans: they split a lone long request over the grid, which changes its bits (so the
+// comparison can fail). Built only with MLA_CUDA=ON (label gpu); skips without a device.
+#ifdef MLA_WITH_CUDA
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/case_gen.h"
+#include "common/compare.h"
+#include "common/conformance.h"
+#include "common/reference.h"
+#include "mla/memory.h"
+#include "mla/ops.h"
+
+namespace mla::testing {
+namespace {
+
+constexpr int kRequests = 24;
+constexpr float kScale = 0.135234f;
+
+// Every request's keys in one paged cache on the device, and its q rows on the host.
+struct Universe {
+  int heads = 0;
+  PagedLayout layout;
+  LatentCache cache;
+  std::vector<int32_t> q_lens;
+  std::vector<std::vector<bf16>> q;  // per request [q_len, H, 576]
+  DeviceBuffer kv, r2t;
+};
+
+StatusOr<DeviceBuffer> upload(const void* src, std::size_t bytes, const char* name) {
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
+                       DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 256),
+                                              name, "test", false));
+  MLA_RETURN_IF_ERROR(
+      device_runtime(DeviceType::kCuda)->copy_to_device(buf.data(), src, bytes, nullptr));
+  return buf;
+}
+
+StatusOr<Universe> make_universe(int heads, int page, int max_q, uint64_t seed) {
+  Universe u;
+  u.heads = heads;
+  Rng rng(seed);
+  std::vector<int32_t> kv_lens;
+  for (int i = 0; i < kRequests; ++i) {
+    const int32_t q = static_cast<int32_t>(rng.uniform_int(1, max_q));
+    // Short, around the split length (2048 keys), and long (several pieces).
+    const int kind = i % 3;
+    kv_lens.push_back(static_cast<int32_t>(rng.uniform_int(q, kind == 0   ? 300
+                                                              : kind == 1 ? 5000
+                                                                          : 20000)));
+    u.q_lens.push_back(q);
+    u.q.push_back(random_bf16(int64_t{q} * heads * 576, rng));
+  }
+  u.layout = make_paged_layout(kv_lens, page, true, rng);
+  u.cache = make_latent_cache(u.layout, DType::kBF16, 1.0f, rng);
+  MLA_ASSIGN_OR_RETURN(u.kv, upload(u.cache.bytes.data(), u.cache.bytes.size(), "kv"));
+  MLA_ASSIGN_OR_RETURN(
+      u.r2t, upload(u.layout.req_to_token.data(), u.layout.req_to_token.size() * 4, "r2t"));
+  return u;
+}
+
+struct Rows {
+  std::vector<uint16_t> o;  // bf16 bits
+  std::vector<float> lse;
+  bool operator==(const Rows&) const = default;
+};
+
+// Runs the requests `ids` as one batch; returns each member's rows. Checks the batch against the
+// reference.
+StatusOr<std::vector<Rows>> run_batch(const AbsorbedAttentionOp* op, const Universe& u,
+                                      const std::vector<int>& ids, bool invariant) {
+  const int H = u.heads;
+  std::vector<int32_t> rows, q_lens, kv_lens;
+  std::vector<bf16> q;
+  int64_t tokens = 0;
+  for (int id : ids) {
+    rows.push_back(u.layout.req_rows[id]);
+    q_lens.push_back(u.q_lens[id]);
+    kv_lens.push_back(u.layout.kv_lens[id]);
+    q.insert(q.end(), u.q[id].begin(), u.q[id].end());
+    tokens += u.q_lens[id];
+  }
+  const int bs = static_cast<int>(ids.size());
+  const AttnCapacity cap{kRequests, int64_t{kRequests} * 8, 0, 8, H, invariant};
+  std::vector<std::byte> plan(op->plan_bytes(cap));
+  const AbsorbedProblem p{H, u.layout.page_size, true, rows, q_lens, kv_lens};
+  MLA_ASSIGN_OR_RETURN(const std::size_t used, op->plan(p, cap, plan));
+  (void)used;
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer q_d, upload(q.data(), q.size() * 2, "q"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer plan_d, upload(plan.data(), plan.size(), "plan"));
+  MLA_ASSIGN_OR_RETURN(
+      DeviceBuffer ws,
+      DeviceBuffer::allocate(Device::cuda(), op->workspace_bytes(cap), "ws", "test", false));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer o, DeviceBuffer::allocate(Device::cuda(), tokens * H * 512 * 2,
+                                                              "o", "test", false));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::allocate(Device::cuda(), tokens * H * 4,
+                                                                "lse", "test", false));
+  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
+  MLA_RETURN_IF_ERROR(rt->memset(o.data(), 0xff, o.bytes(), nullptr));
+  MLA_RETURN_IF_ERROR(rt->memset(lse.data(), 0xff, lse.bytes(), nullptr));
+  AbsorbedArgs a;
+  a.q = TensorView(q_d.data(), DType::kBF16, Device::cuda(), {tokens, H, 576});
+  a.kv_cache = TensorView(u.kv.data(), DType::kBF16, Device::cuda(), {u.layout.num_slots, 576});
+  a.req_to_token = TensorView(u.r2t.data(), DType::kI32, Device::cuda(),
+                              {u.layout.num_rows, u.layout.max_context_len});
+  a.o = TensorView(o.data(), DType::kBF16, Device::cuda(), {tokens, H, 512});
+  a.lse = TensorView(lse.data(), DType::kF32, Device::cuda(), {tokens, H});
+  a.sm_scale = kScale;
+  a.plan = plan_d.data();
+  a.workspace = ws.data();
+  a.workspace_bytes = ws.bytes();
+  MLA_RETURN_IF_ERROR(op->run(a, ExecContext{Device::cuda(), nullptr}));
+  std::vector<uint16_t> o_h(static_cast<std::size_t>(tokens * H * 512));
+  std::vector<float> lse_h(static_cast<std::size_t>(tokens * H));
+  MLA_RETURN_IF_ERROR(rt->copy_to_host(o_h.data(), o.data(), o.bytes(), nullptr));
+  MLA_RETURN_IF_ERROR(rt->copy_to_host(lse_h.data(), lse.data(), lse.bytes(), nullptr));
+
+  AbsorbedRefProblem rp;
+  rp.num_heads = H;
+  rp.page_size = u.layout.page_size;
+  rp.causal = true;
+  rp.sm_scale = kScale;
+  rp.row_stride = u.layout.max_context_len;
+  rp.req_to_token = u.layout.req_to_token;
+  rp.req_rows = rows;
+  rp.q_lens = q_lens;
+  rp.kv_lens = kv_lens;
+  const RefAttention ref = reference_absorbed(rp, to_float(q), u.cache.stored);
+  std::vector<float> o_f(o_h.size());
+  for (std::size_t i = 0; i < o_h.size(); ++i) o_f[i] = bf16{o_h[i]}.to_float();
+  const Comparison co = compare_values("o", o_f, ref.o, default_tolerance(DType::kBF16));
+  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
+  if (!co.ok || !cl.ok) return internal_error("reference: {} {}", co.message, cl.message);
+
+  std::vector<Rows> out(static_cast<std::size_t>(bs));
+  int64_t t = 0;
+  for (int m = 0; m < bs; ++m) {
+    const int64_t n = q_lens[m];
+    out[m].o.assign(o_h.begin() + t * H * 512, o_h.begin() + (t + n) * H * 512);
+    out[m].lse.assign(lse_h.begin() + t * H, lse_h.begin() + (t + n) * H);
+    t += n;
+  }
+  return out;
+}
+
+// Every request alone, then 16 random batches: the number of (request, batch) pairs whose rows
+// differ from the request's alone run, of all pairs compared.
+std::pair<int, int> count_changed(const AbsorbedAttentionOp* op, int heads, int page, int max_q,
+                                  bool invariant, uint64_t seed) {
+  auto u = make_universe(heads, page, max_q, seed);
+  EXPECT_TRUE(u.ok()) << u.status().to_string();
+  if (!u.ok()) return {0, 0};
+  std::vector<Rows> alone(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    auto r = run_batch(op, *u, {i}, invariant);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) return {0, 0};
+    alone[i] = (*r)[0];
+  }
+  Rng rng(seed + 1);
+  std::vector<int> all(kRequests);
+  std::iota(all.begin(), all.end(), 0);
+  int compared = 0, changed = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    std::vector<int> ids = all;
+    for (int i = kRequests - 1; i > 0; --i) {
+      std::swap(ids[i], ids[static_cast<int>(rng.uniform_int(0, i))]);
+    }
+    ids.resize(static_cast<std::size_t>(rng.uniform_int(2, kRequests)));
+    auto r = run_batch(op, *u, ids, invariant);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) continue;
+    for (std::size_t m = 0; m < ids.size(); ++m) {
+      ++compared;
+      if (!((*r)[m] == alone[ids[m]])) ++changed;
+    }
+  }
+  return {compared, changed};
+}
+
+class BatchInvarianceDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device: device_count is 0";
+    const OpSet* set = OpRegistry::global().find("cuda");
+    ASSERT_NE(set, nullptr);
+    op_ = set->absorbed.get();
+    ASSERT_NE(op_, nullptr);
+  }
+  const AbsorbedAttentionOp* op_ = nullptr;
+};
+
+TEST_F(BatchInvarianceDevice, RequestRowsAreBitwiseIndependentOfTheBatch) {
+  for (int heads : {16, 64, 128}) {
+    for (int page : {1, 64}) {
+      for (int max_q : {1, 4}) {
+        const auto [compared, changed] =
+            count_changed(op_, heads, page, max_q, true, mix_seed(base_seed(), heads * 100 + page));
+        EXPECT_GT(compared, 0);
+        EXPECT_EQ(changed, 0) << "heads " << heads << " page " << page << " max_q " << max_q << ": "
+                              << changed << " of " << compared
+                              << " requests changed bits inside a batch";
+      }
+    }
+  }
+}
+
+// The control: default plans balance each batch over the grid, so some request's bits change.
+TEST_F(BatchInvarianceDevice, DefaultPlansChangeBitsWithTheBatch) {
+  const auto [compared, changed] = count_changed(op_, 16, 64, 1, false, base_seed());
+  EXPECT_GT(compared, 0);
+  EXPECT_GT(changed, 0) << "the control saw no change: the comparison may be unable to fail";
+}
+
+}  // namespace
+}  // namespace mla::testing
+
+#endif  // MLA_WITH_CUDA

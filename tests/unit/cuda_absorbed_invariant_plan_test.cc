@@ -1,0 +1,213 @@
+// Batch-invariant plans of the CUDA absorbed planner (AttnCapacity::batch_invariant; host code,
+// run on the cpu): a request's units (row tiles, key ranges, which units are split and in which
+// partial order their combine merges them) are a function of that request alone. The same
+// request is planned alone and inside random batches of other sizes and companions, at random
+// positions, on grids of different sizes; its units must be identical. Every plan also passes the
+// coverage check of the fuzz targets (every (row, key) the mask allows exactly once). A control
+// shows that the default planner's units do depend on the batch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "common/case_gen.h"
+#include "fuzz/plan_checks.h"
+#include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/plan.h"
+#include "kernels/cuda/absorbed/traits.h"
+
+namespace mla::testing {
+namespace {
+
+using cuda::absorbed::PlanHeader;
+using cuda::absorbed::WorkUnit;
+
+struct Req {
+  int32_t q_len = 1, kv_len = 1;
+};
+
+// What the kernel computes for one request: per row tile (row_in_req, rows), its key ranges in
+// the order the combine merges them (by partial slot; -1 when the tile is not split).
+struct TileUnits {
+  int32_t rows = 0;
+  std::vector<std::pair<int32_t, int32_t>> ranges;
+  bool split = false;
+  bool operator==(const TileUnits&) const = default;
+};
+struct Signature {
+  int rows_per_tile = 0;
+  std::map<int32_t, TileUnits> tiles;  // by row_in_req
+  bool operator==(const Signature&) const = default;
+};
+
+// Plans `reqs` (request i at pool row i + 1) and returns the signature of request `target`.
+Signature plan_and_sign(const std::vector<Req>& reqs, int target, int heads, int page, int ctas,
+                        bool invariant, std::string* error) {
+  std::vector<int32_t> rows, q_lens, kv_lens;
+  int64_t tokens = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    rows.push_back(static_cast<int32_t>(i) + 1);
+    q_lens.push_back(reqs[i].q_len);
+    kv_lens.push_back(reqs[i].kv_len);
+    tokens += reqs[i].q_len;
+  }
+  AbsorbedProblem p;
+  p.num_heads = heads;
+  p.page_size = page;
+  p.causal = true;
+  p.req_rows = rows;
+  p.q_lens = q_lens;
+  p.kv_lens = kv_lens;
+  AttnCapacity cap{64, 64 * 8, 0, 8, heads, invariant};
+  std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
+  auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
+  Signature sig;
+  if (!used.ok()) {
+    *error = used.status().to_string();
+    return sig;
+  }
+  *error = fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap);
+  PlanHeader h;
+  std::memcpy(&h, plan.data(), sizeof(h));
+  sig.rows_per_tile = h.rows_per_tile;
+  // (the combines themselves are checked by check_absorbed_plan: one per split tile, over
+  // exactly its units' partial slots)
+  const std::vector<WorkUnit> units = fuzz::read_array<WorkUnit>(plan, h.units_offset, h.num_units);
+  std::map<int32_t, std::vector<const WorkUnit*>> by_tile;
+  for (const WorkUnit& u : units) {
+    if (u.pool_row == target + 1) by_tile[u.row_in_req].push_back(&u);
+  }
+  for (auto& [row_in_req, list] : by_tile) {
+    std::sort(list.begin(), list.end(),
+              [](const WorkUnit* a, const WorkUnit* b) { return a->partial < b->partial; });
+    TileUnits t;
+    t.rows = list.front()->num_rows;
+    t.split = list.front()->partial >= 0;
+    for (const WorkUnit* u : list) t.ranges.emplace_back(u->kv_begin, u->kv_end);
+    // The combine merges partial slots first .. first + n - 1 in order: key order, ascending.
+    if (t.split && error->empty() && !std::is_sorted(t.ranges.begin(), t.ranges.end())) {
+      *error = fmt::format("tile {}: partial slots not in key order", row_in_req);
+    }
+    sig.tiles[row_in_req] = t;
+  }
+  return sig;
+}
+
+Req random_req(Rng& rng) {
+  Req r;
+  r.q_len = static_cast<int32_t>(rng.uniform_int(1, 8));
+  // Short, around the split length, and long (several pieces, capped).
+  const int kind = static_cast<int>(rng.uniform_int(0, 2));
+  const int64_t hi = kind == 0 ? 300 : kind == 1 ? 5000 : 40000;
+  r.kv_len = static_cast<int32_t>(rng.uniform_int(r.q_len, hi));
+  return r;
+}
+
+struct Counts {
+  int compared = 0, differing = 0;
+};
+
+Counts place_in_batches(int heads, int page, bool invariant, uint64_t seed) {
+  Counts c;
+  Rng rng(seed);
+  for (int target_trial = 0; target_trial < 12; ++target_trial) {
+    const Req target = random_req(rng);
+    std::string error;
+    const Signature alone = plan_and_sign({target}, 0, heads, page, 132, invariant, &error);
+    EXPECT_TRUE(error.empty()) << error;
+    for (int trial = 0; trial < 16; ++trial) {
+      const int size = static_cast<int>(rng.uniform_int(2, 64));
+      std::vector<Req> reqs;
+      for (int i = 0; i < size; ++i) reqs.push_back(random_req(rng));
+      const int at = static_cast<int>(rng.uniform_int(0, size - 1));
+      reqs[at] = target;
+      // Grids of 132 CTAs (H200), 78 and 8: the invariant split does not depend on the grid.
+      const int ctas = trial % 3 == 0 ? 132 : trial % 3 == 1 ? 78 : 8;
+      const Signature in_batch = plan_and_sign(reqs, at, heads, page, ctas, invariant, &error);
+      EXPECT_TRUE(error.empty()) << error;
+      ++c.compared;
+      if (!(in_batch == alone)) ++c.differing;
+    }
+  }
+  return c;
+}
+
+class InvariantPlan : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(InvariantPlan, RequestUnitsDoNotDependOnTheBatch) {
+  const auto [heads, page] = GetParam();
+  const Counts c = place_in_batches(heads, page, true, 1000 + heads + page);
+  EXPECT_EQ(c.compared, 12 * 16);
+  EXPECT_EQ(c.differing, 0) << c.differing << " of " << c.compared
+                            << " placements changed the request's units";
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadsAndPages, InvariantPlan,
+                         ::testing::Combine(::testing::Values(16, 32, 64, 128),
+                                            ::testing::Values(1, 64)));
+
+// The control: the default planner balances the batch over the grid, so a request's split
+// depends on its companions (the invariance test above can fail).
+TEST(InvariantPlanControl, DefaultPlansDependOnTheBatch) {
+  const Counts c = place_in_batches(16, 1, false, 7);
+  EXPECT_GT(c.differing, 0);
+}
+
+// The rule itself: tiles of kMaxRows rows, pieces of ceil(n / p) key tiles with
+// p = clamp(ceil(n / kInvariantSplitTiles), 1, kInvariantMaxPieces).
+TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
+  using cuda::absorbed::invariant_pieces;
+  using cuda::absorbed::kBlockN;
+  using cuda::absorbed::kInvariantMaxPieces;
+  using cuda::absorbed::kInvariantSplitTiles;
+  EXPECT_EQ(invariant_pieces(0), 1);
+  EXPECT_EQ(invariant_pieces(kInvariantSplitTiles), 1);
+  EXPECT_EQ(invariant_pieces(kInvariantSplitTiles + 1), 2);
+  EXPECT_EQ(invariant_pieces(int64_t{1} << 30), kInvariantMaxPieces);
+  // One decode request of 16 heads and 3 * 2048 + 1 keys: 4 pieces of 25 key tiles (97 tiles).
+  std::string error;
+  const int32_t kv = 3 * kInvariantSplitTiles * kBlockN + 1;
+  const Signature s = plan_and_sign({{1, kv}}, 0, 16, 1, 132, true, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_EQ(s.rows_per_tile, cuda::absorbed::kMaxRows);
+  ASSERT_EQ(s.tiles.size(), 1u);
+  const TileUnits& t = s.tiles.begin()->second;
+  EXPECT_EQ(t.rows, 16);
+  EXPECT_TRUE(t.split);
+  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 25 * kBlockN},
+                                                         {25 * kBlockN, 50 * kBlockN},
+                                                         {50 * kBlockN, 75 * kBlockN},
+                                                         {75 * kBlockN, kv}};
+  EXPECT_EQ(t.ranges, want);
+}
+
+// A full capacity of long requests fits the layout and the partial slots it sizes.
+TEST(InvariantPlan, FullCapacityOfLongRequestsFits) {
+  for (int heads : {16, 128}) {
+    const AttnCapacity cap{64, 64 * 8, 0, 8, heads, true};
+    std::vector<int32_t> rows, q_lens(64, 8), kv_lens(64, 100000);
+    for (int i = 0; i < 64; ++i) rows.push_back(i + 1);
+    AbsorbedProblem p;
+    p.num_heads = heads;
+    p.page_size = 64;
+    p.req_rows = rows;
+    p.q_lens = q_lens;
+    p.kv_lens = kv_lens;
+    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, 132).bytes);
+    auto used = cuda::absorbed::build_plan(p, cap, 132, plan);
+    ASSERT_TRUE(used.ok()) << used.status().to_string();
+    EXPECT_EQ(fuzz::check_absorbed_plan(p, 132, plan, *used, &cap), "");
+    PlanHeader h;
+    std::memcpy(&h, plan.data(), sizeof(h));
+    EXPECT_GT(h.num_partials, cuda::absorbed::max_partials(132));  // beyond the default slots
+    EXPECT_LE(h.num_partials, cuda::absorbed::max_partials(cap, 132));
+    EXPECT_GE(
+        cuda::absorbed::partials_in_workspace(cuda::absorbed::partial_workspace_bytes(cap, 132)),
+        cuda::absorbed::max_partials(cap, 132));
+  }
+}
+
+}  // namespace
+}  // namespace mla::testing
