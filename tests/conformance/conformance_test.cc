@@ -1,5 +1,5 @@
 // Every registered cpu op set x the conformance cases, against the double reference.
-#include "common/conformance.h"
+#include "conformance/conformance.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Every conformance case (tests/common) on the "cuda" OpSet: the GPU runs exactly the CPU cases,
+// Every conformance case (lib/conformance) on the "cuda" OpSet: the GPU runs exactly the CPU cases,
 // outputs poisoned first, every element checked against the double-precision reference, and
 // each result must be bitwise identical to a second run on the same inputs.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "common/conformance.h"
+#include "conformance/conformance.h"
 #include "mla/memory.h"
 #include "mla/ops.h"
 
