@@ -202,8 +202,24 @@ def test_plugin_registers_three_backends(stub_sglang):
     assert be.name == "chunked_mla" and be.num_heads == 16 and be.page_size == 64
 
 
-def test_plugin_refuses_unknown_version(stub_sglang, monkeypatch):
+def test_plugin_refuses_sglang_without_the_registry(stub_sglang, monkeypatch):
     from mla.integrations import sglang as plugin
+    import sglang.srt.server_args as server_args
     monkeypatch.setattr(stub_sglang, "__version__", "0.4.9")
-    with pytest.raises(plugin.UnsupportedSGLangVersion, match=r"SGLang 0\.4\.9 is not supported"):
+    monkeypatch.delattr(server_args, "add_attention_backend_choices")
+    with pytest.raises(plugin.UnsupportedSGLangVersion,
+                       match=r"SGLang 0\.4\.9 is not supported: "
+                             r"sglang\.srt\.server_args\.add_attention_backend_choices is missing"):
+        plugin.register()
+
+
+def test_plugin_refuses_a_changed_replay_signature(stub_sglang, monkeypatch):
+    from mla.integrations import sglang as plugin
+    import sglang.srt.layers.attention.base_attn_backend as base
+
+    def replay(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info):
+        raise NotImplementedError()
+
+    monkeypatch.setattr(base.AttentionBackend, "init_forward_metadata_replay_cuda_graph", replay)
+    with pytest.raises(plugin.UnsupportedSGLangVersion, match=r"replay_cuda_graph takes"):
         plugin.register()

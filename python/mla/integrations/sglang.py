@@ -5,31 +5,64 @@ start-up; `register()` adds the names to `--attention-backend`
 (sglang.srt.server_args.add_attention_backend_choices) and registers a factory for each
 (sglang.srt.layers.attention.attention_registry.register_attention_backend).
 
-The adapter follows the AttentionBackend interface of SGLang 0.5.x as published (method names,
-the capture/replay signatures with seq_lens_cpu, ForwardBatch fields seq_lens_cpu,
-extend_seq_lens_cpu, extend_prefix_lens_cpu, out_cache_loc, req_to_token_pool.req_to_token,
+The adapter follows SGLang's AttentionBackend interface (method names, the capture/replay
+signatures with seq_lens_cpu, ForwardBatch fields seq_lens_cpu, extend_seq_lens_cpu,
+extend_prefix_lens_cpu, out_cache_loc, req_to_token_pool.req_to_token,
 token_to_kv_pool.get_key_buffer, mha_return_lse, attn_attend_prefix_cache, prefix_chunk_idx,
-prefix_chunk_cu_seq_lens). Other versions are refused with a message naming the version.
-It was tested against stubs with those names, not against an installed SGLang.
+prefix_chunk_cu_seq_lens). SGLang calls this plugin only from its plugin loader (the
+`sglang.srt.plugins` entry-point group, SGLang pull request 21388, merged 2026-03-25), so the
+plugin checks the interface it needs by name rather than by version number: the two registration
+functions, and the replay signature of sglang.srt.layers.attention.base_attn_backend.
+AttentionBackend when that module exists. A missing name is refused with a message naming it and
+the installed version. It was tested against stubs with those names, not against an installed
+SGLang.
 """
 from __future__ import annotations
 
 from ..backend import Backend
 
 BACKENDS = {"mla_paged": "paged_mla", "mla_chunked": "chunked_mla", "mla_ondemand": "ondemand_mla"}
-SUPPORTED_PREFIX = "0.5."
+REPLAY_ARGS = ("bs", "req_pool_indices", "seq_lens", "seq_lens_sum", "encoder_lens",
+               "forward_mode", "spec_info")
 
 
 class UnsupportedSGLangVersion(RuntimeError):
     pass
 
 
-def check_version(version: str) -> None:
-    if not str(version).startswith(SUPPORTED_PREFIX):
+def check_interface(sglang_module) -> None:
+    """Raises UnsupportedSGLangVersion naming the first missing piece of the interface."""
+    import importlib
+    import inspect
+    version = getattr(sglang_module, "__version__", "unknown")
+
+    def refuse(what: str):
         raise UnsupportedSGLangVersion(
-            f"mla.integrations.sglang: SGLang {version} is not supported; the adapter follows the "
-            f"AttentionBackend interface of SGLang {SUPPORTED_PREFIX}x (install a matching SGLang "
-            "or another attention backend)")
+            f"mla.integrations.sglang: SGLang {version} is not supported: {what} (the adapter "
+            "needs SGLang's attention-backend registry and plugin loader; install a newer SGLang "
+            "or use another attention backend)")
+
+    for module, name in (("sglang.srt.layers.attention.attention_registry",
+                          "register_attention_backend"),
+                         ("sglang.srt.server_args", "add_attention_backend_choices")):
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            found = None
+        if not callable(found):
+            refuse(f"{module}.{name} is missing")
+    try:
+        base = importlib.import_module("sglang.srt.layers.attention.base_attn_backend")
+    except ImportError:
+        return  # older layouts keep the base class elsewhere; the registry names suffice
+    replay = getattr(getattr(base, "AttentionBackend", None),
+                     "init_forward_metadata_replay_cuda_graph", None)
+    if replay is None:
+        refuse("AttentionBackend.init_forward_metadata_replay_cuda_graph is missing")
+    params = list(inspect.signature(replay).parameters)[1:]
+    if tuple(params[:len(REPLAY_ARGS)]) != REPLAY_ARGS:
+        refuse(f"AttentionBackend.init_forward_metadata_replay_cuda_graph takes {params}, "
+               f"not {list(REPLAY_ARGS)} + [seq_lens_cpu]")
 
 
 def _factory(family: str):
@@ -57,7 +90,7 @@ def _factory(family: str):
 def register() -> None:
     """The `sglang.srt.plugins` entry point."""
     import sglang
-    check_version(getattr(sglang, "__version__", "unknown"))
+    check_interface(sglang)
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
     from sglang.srt.server_args import add_attention_backend_choices
 

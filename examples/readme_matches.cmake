@@ -1,0 +1,23 @@
+# ctest example_in_readme: README.md's C++ block (after "<!-- cpp-example -->") must equal
+# examples/quickstart.cc from "int main() {" to its end. Run: cmake -DROOT=<repo> -P this file.
+file(READ "${ROOT}/README.md" readme)
+file(READ "${ROOT}/examples/quickstart.cc" example)
+set(marker "<!-- cpp-example -->\n```cpp\n")
+string(FIND "${readme}" "${marker}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README.md has no '<!-- cpp-example -->' block")
+endif()
+string(LENGTH "${marker}" marker_len)
+math(EXPR from "${at} + ${marker_len}")
+string(SUBSTRING "${readme}" ${from} -1 rest)
+string(FIND "${rest}" "\n```" end)
+string(SUBSTRING "${rest}" 0 ${end} block)
+string(FIND "${example}" "int main() {" main_at)
+string(SUBSTRING "${example}" ${main_at} -1 body)
+string(STRIP "${body}" body)
+string(STRIP "${block}" block)
+if(NOT block STREQUAL body)
+  message(FATAL_ERROR "README.md's C++ example differs from examples/quickstart.cc's main(): "
+                      "copy the file's main() into the README block")
+endif()
+message(STATUS "README.md's C++ example matches examples/quickstart.cc")
