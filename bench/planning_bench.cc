@@ -8,7 +8,7 @@
 #include <cstring>
 #include <new>
 
-#include "common/case_gen.h"
+#include "conformance/case_gen.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
 #include "mla/backend.h"

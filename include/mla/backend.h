@@ -8,9 +8,11 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mla/batch.h"
+#include "mla/forward_method.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
 #include "mla/ops.h"
@@ -18,14 +20,6 @@
 #include "mla/tensor.h"
 
 namespace mla {
-
-// Which form a layer uses for a batch (SYSTEM.md 6, last paragraph).
-enum class ForwardMethod : uint8_t {
-  kAbsorbed,    // MQA over the paged latent cache
-  kMhaOneShot,  // gather + up-project prefix and new tokens together, one causal pass
-  kMhaChunked,  // causal among new tokens, then prefix chunks merged in
-};
-std::string_view forward_method_name(ForwardMethod m);
 
 struct BackendOptions {
   ModelDims model;
@@ -92,6 +86,28 @@ struct PlanningStats {
   uint64_t plan_ns_last = 0;
 };
 
+// A backend's own account of the plan its last init_forward_metadata() (and
+// init_mha_chunk_metadata()) built: what `mla plan` prints. Nothing is recomputed for it.
+struct PlanDescription {
+  std::string backend;  // "chunked_mla"
+  ForwardMode mode = ForwardMode::kDecode;
+  ForwardMethod method = ForwardMethod::kAbsorbed;
+  bool fell_back = false;
+  int64_t num_tokens = 0;  // new tokens planned (graph batches: padded)
+  // The chunked-prefix plan the backend built and uses (empty unless method is kMhaChunked).
+  struct Chunk {
+    int64_t start = 0;          // first prefix token of the chunk
+    std::vector<int32_t> lens;  // prefix tokens of each request in the chunk
+    int64_t num_tokens = 0;     // sum of lens
+    bool has_zero_kv = false;   // some request has no prefix tokens in the chunk
+  };
+  int64_t chunk_capacity = 0;  // prefix tokens per chunk across the batch the backend planned with
+  int64_t chunk_len = 0;       // L, prefix tokens per request per chunk
+  std::vector<Chunk> chunks;
+  // Further facts in order, as name and value ("absorbed plan bytes", "1536").
+  std::vector<std::pair<std::string, std::string>> details;
+};
+
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
@@ -143,6 +159,9 @@ class AttentionBackend {
   virtual TensorView out_cache_loc() const = 0;
   // Whether the last planned batch took the fallback (chunked_mla / ondemand_mla only).
   virtual bool fell_back() const { return false; }
+  // The plan of the last planned batch, as the backend built it (an empty description with
+  // only the backend's name before the first plan).
+  virtual PlanDescription describe_plan() const = 0;
   // Median wall time of the last (up to 256) init_forward_metadata / replay calls, ns; 0 if none.
   virtual double median_plan_ns() const = 0;
   virtual LatentKvPool* pool() const = 0;

@@ -57,8 +57,12 @@ class DeviceRuntime {
 
 // nullptr when the device type is not built in or has no devices.
 DeviceRuntime* device_runtime(DeviceType type);
-// Registers a runtime (the cuda library does this from register_cuda_runtime()).
-void register_device_runtime(std::unique_ptr<DeviceRuntime> runtime);
+// Device libraries register their runtime here: a static registrar in the device library (linked
+// whole) calls this at load time, and the factory runs on the first device_runtime(type). Core
+// calls no device code of its own; the cpu runtime (host memory) is core's. Returns true (for
+// `static const bool registered = ...`).
+using DeviceRuntimeFactory = std::unique_ptr<DeviceRuntime> (*)();
+bool register_device_runtime_factory(DeviceType type, DeviceRuntimeFactory factory);
 // Whether the device exists on this machine.
 bool device_available(Device device);
 

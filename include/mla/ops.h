@@ -217,7 +217,7 @@ struct OpSet {
 
 class OpRegistry {
  public:
-  // Holds the built-in sets (cpu always; cuda when built with MLA_WITH_CUDA).
+  // Holds the sets the op libraries registered (register_op_set_provider), cpu first.
   static OpRegistry& global();
   void add(OpSet set);
   const OpSet* find(std::string_view name) const;
@@ -228,10 +228,11 @@ class OpRegistry {
   std::vector<std::unique_ptr<OpSet>> sets_;
 };
 
-// Registration hooks, called once by OpRegistry::global().
-void register_cpu_ops(OpRegistry& registry);
-#ifdef MLA_WITH_CUDA
-void register_cuda_ops(OpRegistry& registry);  // also registers the cuda DeviceRuntime
-#endif
+// Op libraries register their set here: a static registrar in the library (linked whole) calls
+// this at load time, and OpRegistry::global() runs the providers, in DeviceType order, when it is
+// first used (a provider registered later is run at once). Core knows no op implementation.
+// Returns true (for `static const bool registered = ...`).
+using OpSetProvider = void (*)(OpRegistry& registry);
+bool register_op_set_provider(DeviceType device, OpSetProvider provider);
 
 }  // namespace mla

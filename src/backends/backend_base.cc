@@ -1,5 +1,7 @@
 #include "backends/backend_base.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "mla/memory.h"
@@ -133,6 +135,8 @@ Status BackendBase::upload(void* dst, const void* src, std::size_t bytes) {
 // Host side of a batch: request rows, lengths and indptrs into reused vectors.
 Status BackendBase::collect(const ForwardBatch& batch) {
   const int bs = batch.batch_size;
+  mode_ = batch.mode;
+  planned_ = true;
   Host& h = host_;
   h.req_rows.resize(bs);
   h.q_lens.resize(bs);
@@ -360,6 +364,40 @@ Status BackendBase::plan_mha_chunks() {
   stats_.chunks_planned += static_cast<uint64_t>(C);
   chunk_epoch_ = batch_epoch_;
   return Status::Ok();
+}
+
+PlanDescription BackendBase::describe_plan() const {
+  PlanDescription d;
+  d.backend = name_;
+  if (!planned_) return d;
+  d.mode = mode_;
+  d.method = method_;
+  d.fell_back = fell_back();
+  d.num_tokens = num_tokens_;
+  const auto detail = [&d](std::string name, auto value) {
+    d.details.emplace_back(std::move(name), fmt::format("{}", value));
+  };
+  detail("requests", batch_size_);
+  detail("kv tokens", kv_tokens_);
+  detail("op set", ops_->name);
+  detail("op scratch bytes", scratch_.op_bytes);
+  if (method_ == ForwardMethod::kMhaChunked && has_prefix_) {
+    if (chunk_epoch_ != batch_epoch_) {
+      detail("prefix chunks", "not planned yet (init_mha_chunk_metadata plans them)");
+    } else {
+      d.chunk_capacity = chunks_.capacity;
+      d.chunk_len = chunks_.chunk_len;
+      for (int c = 0; c < chunks_.num_chunks; ++c) {
+        PlanDescription::Chunk ch;
+        ch.start = chunks_.start(c);
+        for (int b = 0; b < chunks_.batch_size; ++b) ch.lens.push_back(chunks_.len(c, b));
+        ch.num_tokens = chunks_.num_tokens[static_cast<std::size_t>(c)];
+        ch.has_zero_kv = chunks_.has_zero_kv[static_cast<std::size_t>(c)] != 0;
+        d.chunks.push_back(std::move(ch));
+      }
+    }
+  }
+  return d;
 }
 
 Status BackendBase::plan_prefix_chunks(const ForwardBatch& batch) {

@@ -17,6 +17,7 @@
 #include "mla/backend.h"
 #include "mla/workspace.h"
 #include "planning/chunked_prefix.h"
+#include "planning/forward_method.h"
 
 namespace mla::backends {
 
@@ -27,6 +28,17 @@ struct WorkspaceView {
   std::string_view name;     // "paged_mla.workspace"
   std::string_view env_var;  // the variable that sizes it ("" for on-demand)
 };
+
+// The options the forward-method rules read (planning/forward_method.h).
+inline planning::MethodOptions method_options(const BackendOptions& o) {
+  planning::MethodOptions m;
+  m.disable_chunked_prefix_cache = o.disable_chunked_prefix_cache;
+  m.piecewise_cuda_graph = o.piecewise_cuda_graph;
+  m.batch_invariant = o.batch_invariant;
+  m.mha_prefix_threshold = o.mha_prefix_threshold;
+  m.chunked_prefix_capacity = o.chunked_prefix_capacity;
+  return m;
+}
 
 class BackendBase : public AttentionBackend {
  public:
@@ -43,6 +55,7 @@ class BackendBase : public AttentionBackend {
   std::string_view name() const override { return name_; }
   const BackendOptions& options() const override { return options_; }
   ForwardMethod forward_method() const override { return method_; }
+  PlanDescription describe_plan() const override;
   const PlanningStats& planning_stats() const override { return stats_; }
   LatentKvPool* pool() const override { return pool_; }
   double median_plan_ns() const override;
@@ -106,6 +119,8 @@ class BackendBase : public AttentionBackend {
   const OpSet* ops_ = nullptr;
   PlanningStats stats_;
   ForwardMethod method_ = ForwardMethod::kAbsorbed;
+  ForwardMode mode_ = ForwardMode::kDecode;  // of the batch last planned
+  bool planned_ = false;                     // a batch has been planned
   bool fell_back_ = false;
   uint64_t batch_epoch_ = 0;  // +1 per planned batch
   uint64_t chunk_epoch_ = 0;  // batch_epoch_ the prefix chunks were planned for

@@ -81,6 +81,8 @@ struct RuntimeTable {
   std::mutex mu;
   std::unique_ptr<DeviceRuntime> cpu = std::make_unique<CpuRuntime>();
   std::unique_ptr<DeviceRuntime> cuda;
+  DeviceRuntimeFactory cuda_factory = nullptr;  // registered by the cuda library
+  bool cuda_built = false;
 };
 
 RuntimeTable& runtimes() {
@@ -90,23 +92,23 @@ RuntimeTable& runtimes() {
 
 }  // namespace
 
-#ifdef MLA_WITH_CUDA
-// Defined in src/kernels/cuda: registers the cuda DeviceRuntime (idempotent).
-void ensure_cuda_runtime_registered();
-#endif
-
 DeviceRuntime* device_runtime(DeviceType type) {
   if (type == DeviceType::kCpu) return runtimes().cpu.get();
-#ifdef MLA_WITH_CUDA
-  ensure_cuda_runtime_registered();
-#endif
-  std::lock_guard<std::mutex> lock(runtimes().mu);
-  return runtimes().cuda.get();
+  RuntimeTable& t = runtimes();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (!t.cuda_built && t.cuda_factory != nullptr) {
+    t.cuda = t.cuda_factory();
+    t.cuda_built = true;
+  }
+  return t.cuda.get();
 }
 
-void register_device_runtime(std::unique_ptr<DeviceRuntime> runtime) {
-  std::lock_guard<std::mutex> lock(runtimes().mu);
-  if (runtime->type() == DeviceType::kCuda) runtimes().cuda = std::move(runtime);
+bool register_device_runtime_factory(DeviceType type, DeviceRuntimeFactory factory) {
+  if (type != DeviceType::kCuda) return false;  // the cpu runtime is core's own
+  RuntimeTable& t = runtimes();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.cuda_factory = factory;
+  return true;
 }
 
 bool device_available(Device device) {

@@ -1,16 +1,48 @@
+#include <algorithm>
 #include <mutex>
+#include <utility>
 
 #include "mla/ops.h"
 
 namespace mla {
 
+namespace {
+
+struct Providers {
+  std::mutex mu;
+  std::vector<std::pair<DeviceType, OpSetProvider>> pending;
+  OpRegistry* built = nullptr;
+};
+
+Providers& providers() {
+  static Providers p;
+  return p;
+}
+
+}  // namespace
+
+bool register_op_set_provider(DeviceType device, OpSetProvider provider) {
+  Providers& p = providers();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.built != nullptr) {
+    provider(*p.built);
+  } else {
+    p.pending.emplace_back(device, provider);
+  }
+  return true;
+}
+
 OpRegistry& OpRegistry::global() {
   static OpRegistry* registry = [] {
     auto* r = new OpRegistry();
-    register_cpu_ops(*r);
-#ifdef MLA_WITH_CUDA
-    register_cuda_ops(*r);
-#endif
+    Providers& p = providers();
+    std::lock_guard<std::mutex> lock(p.mu);
+    // Load order between libraries is unspecified: run the providers in device order.
+    std::stable_sort(p.pending.begin(), p.pending.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [device, provider] : p.pending) provider(*r);
+    p.pending.clear();
+    p.built = r;
     return r;
   }();
   return *registry;

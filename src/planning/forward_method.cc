@@ -27,21 +27,21 @@ bool batch_has_prefix(const ForwardBatch& batch) {
   return false;
 }
 
-bool fallback_possible(const BackendOptions& options) {
+bool fallback_possible(const MethodOptions& options) {
   return options.disable_chunked_prefix_cache || options.piecewise_cuda_graph ||
          options.batch_invariant;
 }
 
-bool should_fall_back(const BackendOptions& options, const ForwardBatch& batch) {
+bool should_fall_back(const MethodOptions& options, const ForwardBatch& batch) {
   if (!is_plain_extend(batch.mode)) return false;
   return (options.disable_chunked_prefix_cache && batch_has_prefix(batch)) ||
          options.piecewise_cuda_graph || options.batch_invariant;
 }
 
-ForwardMethod choose_forward_method(BackendFamily family, const BackendOptions& options,
+ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& options,
                                     const ForwardBatch& batch) {
   if (!is_plain_extend(batch.mode)) return ForwardMethod::kAbsorbed;
-  if (family != BackendFamily::kPagedMla) {
+  if (rule == ExtendRule::kChunkedUnlessFallback) {
     return should_fall_back(options, batch) ? ForwardMethod::kAbsorbed : ForwardMethod::kMhaChunked;
   }
   if (options.piecewise_cuda_graph || options.batch_invariant) return ForwardMethod::kAbsorbed;

@@ -6,8 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "common/case_gen.h"
-#include "common/conformance.h"
+#include "conformance/case_gen.h"
+#include "conformance/conformance.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/layer.h"

@@ -5,8 +5,9 @@
 #include <map>
 #include <numeric>
 
-#include "common/case_gen.h"
-#include "common/conformance.h"
+#include "backends/backend_base.h"
+#include "conformance/case_gen.h"
+#include "conformance/conformance.h"
 #include "mla/backend.h"
 #include "planning/chunked_prefix.h"
 #include "planning/forward_method.h"
@@ -156,13 +157,17 @@ TEST(FallbackRule, FourRowTruthTableForExtends) {
     BackendOptions o;
     o.disable_chunked_prefix_cache = r.disable_chunked;
     o.piecewise_cuda_graph = r.piecewise;
-    EXPECT_EQ(planning::should_fall_back(o, with_prefix), r.expect_with_prefix)
+    EXPECT_EQ(planning::should_fall_back(backends::method_options(o), with_prefix),
+              r.expect_with_prefix)
         << r.disable_chunked << r.piecewise;
-    EXPECT_EQ(planning::should_fall_back(o, no_prefix), r.expect_no_prefix)
+    EXPECT_EQ(planning::should_fall_back(backends::method_options(o), no_prefix),
+              r.expect_no_prefix)
         << r.disable_chunked << r.piecewise;
-    EXPECT_EQ(planning::fallback_possible(o), r.disable_chunked || r.piecewise);
+    EXPECT_EQ(planning::fallback_possible(backends::method_options(o)),
+              r.disable_chunked || r.piecewise);
     // The chooser agrees with the rule for chunked_mla.
-    EXPECT_EQ(planning::choose_forward_method(planning::BackendFamily::kChunkedMla, o, with_prefix),
+    EXPECT_EQ(planning::choose_forward_method(planning::ExtendRule::kChunkedUnlessFallback,
+                                              backends::method_options(o), with_prefix),
               r.expect_with_prefix ? ForwardMethod::kAbsorbed : ForwardMethod::kMhaChunked);
   }
 }
@@ -185,21 +190,23 @@ TEST(FallbackRule, DecodeVerifyAndDraftExtendNeverFallBack) {
   finalize_batch(verify);
   ForwardBatch draft = extend_batch(ForwardMode::kDraftExtend, {7, 9}, {2, 1});
   for (const ForwardBatch* b : {&decode, &verify, &draft}) {
-    EXPECT_FALSE(planning::should_fall_back(o, *b)) << forward_mode_name(b->mode);
-    for (auto fam : {planning::BackendFamily::kPagedMla, planning::BackendFamily::kChunkedMla,
-                     planning::BackendFamily::kOndemandMla}) {
-      EXPECT_EQ(planning::choose_forward_method(fam, o, *b), ForwardMethod::kAbsorbed);
+    EXPECT_FALSE(planning::should_fall_back(backends::method_options(o), *b))
+        << forward_mode_name(b->mode);
+    for (auto rule :
+         {planning::ExtendRule::kPrefixThreshold, planning::ExtendRule::kChunkedUnlessFallback}) {
+      EXPECT_EQ(planning::choose_forward_method(rule, backends::method_options(o), *b),
+                ForwardMethod::kAbsorbed);
     }
   }
 }
 
 TEST(ForwardMethodChooser, PagedMlaRules) {
-  using planning::BackendFamily;
   BackendOptions o;
   o.mha_prefix_threshold = 100;
   o.chunked_prefix_capacity = 1000;
   const auto paged = [&](const ForwardBatch& b) {
-    return planning::choose_forward_method(BackendFamily::kPagedMla, o, b);
+    return planning::choose_forward_method(planning::ExtendRule::kPrefixThreshold,
+                                           backends::method_options(o), b);
   };
   // No prefix: MHA, one-shot when it fits one chunk, else chunked.
   EXPECT_EQ(paged(extend_batch(ForwardMode::kExtend, {0, 0}, {10, 10})),
@@ -225,15 +232,15 @@ TEST(ForwardMethodChooser, PagedMlaRules) {
             ForwardMethod::kAbsorbed);
 }
 
-TEST(ForwardMethodChooser, ChunkedFamiliesUseChunkedMhaForEveryExtend) {
+TEST(ForwardMethodChooser, ChunkedRuleUsesChunkedMhaForEveryExtend) {
   BackendOptions o;
-  for (auto fam : {planning::BackendFamily::kChunkedMla, planning::BackendFamily::kOndemandMla}) {
-    EXPECT_EQ(planning::choose_forward_method(fam, o, extend_batch(ForwardMode::kExtend, {0}, {3})),
-              ForwardMethod::kMhaChunked);
-    EXPECT_EQ(
-        planning::choose_forward_method(fam, o, extend_batch(ForwardMode::kMixed, {3, 9}, {1, 5})),
-        ForwardMethod::kMhaChunked);
-  }
+  const auto rule = planning::ExtendRule::kChunkedUnlessFallback;
+  const planning::MethodOptions mo = backends::method_options(o);
+  EXPECT_EQ(planning::choose_forward_method(rule, mo, extend_batch(ForwardMode::kExtend, {0}, {3})),
+            ForwardMethod::kMhaChunked);
+  EXPECT_EQ(
+      planning::choose_forward_method(rule, mo, extend_batch(ForwardMode::kMixed, {3, 9}, {1, 5})),
+      ForwardMethod::kMhaChunked);
 }
 
 }  // namespace

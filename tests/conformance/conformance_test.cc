@@ -1,5 +1,5 @@
 // The conformance driver (driver.h) on every registered cpu OpSet, and checks of the case lists.
-#include "common/conformance.h"
+#include "conformance/conformance.h"
 
 #include <gtest/gtest.h>
 

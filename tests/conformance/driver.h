@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/conformance.h"
+#include "conformance/conformance.h"
 #include "mla/ops.h"
 
 namespace mla::testing {

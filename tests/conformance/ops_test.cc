@@ -8,9 +8,9 @@
 #include <cstring>
 #include <limits>
 
-#include "common/case_gen.h"
-#include "common/conformance.h"
-#include "common/reference.h"
+#include "conformance/case_gen.h"
+#include "conformance/conformance.h"
+#include "conformance/reference.h"
 
 namespace mla::testing {
 namespace {

@@ -1,13 +1,13 @@
 // The double reference checked against dense attention and against closed-form answers.
-#include "common/reference.h"
+#include "conformance/reference.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "common/case_gen.h"
-#include "common/compare.h"
+#include "conformance/case_gen.h"
+#include "conformance/compare.h"
 
 namespace mla::testing {
 namespace {

@@ -1,9 +1,9 @@
-// Fuzz target `trace`: the `mla run --trace` parser (tools/mla/sim_trace.cc) on arbitrary text.
+// Fuzz target `trace`: the `mla run --trace` parser (lib/sim/sim_trace.cc) on arbitrary text.
 // Invariants: no crash, no exception, no sanitizer report; a rejected trace is kInvalidArgument
 // naming the line ("trace line N: ..."); an accepted trace has every field in range, ids
 // 0..n-1 in arrival order, and survives a round trip through trace_line.
 #include "fuzz/fuzz_target.h"
-#include "sim_trace.h"
+#include "sim/sim_trace.h"
 
 MLA_FUZZ_TARGET(trace) {
   using namespace mla;

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "common/case_gen.h"
-#include "common/compare.h"
-#include "common/conformance.h"
-#include "common/reference.h"
+#include "conformance/case_gen.h"
+#include "conformance/compare.h"
+#include "conformance/conformance.h"
+#include "conformance/reference.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
 #include "kernels/cuda/absorbed/traits.h"

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "backends/backend_base.h"
-#include "common/case_gen.h"
-#include "common/conformance.h"
-#include "common/reference.h"
+#include "conformance/case_gen.h"
+#include "conformance/conformance.h"
+#include "conformance/reference.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/memory.h"

@@ -11,7 +11,7 @@
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
-#include "run_layer.h"
+#include "sim/run_layer.h"
 
 namespace mla {
 namespace {

@@ -23,9 +23,9 @@
 #include "mla/kv_pool.h"
 #include "mla/model.h"
 #include "mla/workspace.h"
-#include "run_layer.h"
-#include "sim_scheduler.h"
-#include "sim_workload.h"
+#include "sim/run_layer.h"
+#include "sim/sim_scheduler.h"
+#include "sim/sim_workload.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MLA_SOAK_ASAN 1
@@ -108,7 +108,7 @@ struct SoakResult {
   int64_t graph_replays = 0, prefix_hits = 0, drafts = 0;
 };
 
-// The serving loop of tools/mla/run_driver.cc, with the layers on every kLayerEvery-th step.
+// The serving loop of lib/sim/run_driver.cc, with the layers on every kLayerEvery-th step.
 void soak(const std::string& backend_name, int num_requests, SoakResult* out) {
   constexpr int kLayers = 1, kSpec = 2, kSampleEvery = 25;
   auto model = model_preset("deepseek-v3-tp8");  // 16 heads

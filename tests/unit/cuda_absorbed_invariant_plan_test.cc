@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "common/case_gen.h"
+#include "conformance/case_gen.h"
 #include "fuzz/plan_checks.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"

@@ -12,8 +12,8 @@
 #include <new>
 #include <vector>
 
-#include "common/case_gen.h"
-#include "common/conformance.h"
+#include "conformance/case_gen.h"
+#include "conformance/conformance.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
 #include "kernels/cuda/absorbed/traits.h"

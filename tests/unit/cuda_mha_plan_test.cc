@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "common/case_gen.h"
-#include "common/conformance.h"
+#include "conformance/case_gen.h"
+#include "conformance/conformance.h"
 #include "kernels/cuda/mha/params.h"
 #include "kernels/cuda/mha/plan.h"
 #include "mla/ops.h"

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/case_gen.h"
+#include "conformance/case_gen.h"
 #include "mla/ops.h"
 #include "mla/types.h"
 

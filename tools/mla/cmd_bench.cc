@@ -23,15 +23,15 @@
 #include "bench_cpu.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "common/case_gen.h"
+#include "conformance/case_gen.h"
 #include "mla/memory.h"
 #include "mla/ops.h"
 
 #ifdef MLA_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/absorbed/fill.h"
-#include "kernels/cuda/common.h"
+#include "bench_cuda.h"
+#include "fill.h"
 #endif
 
 #if __has_include("bench_prefill.h")
@@ -195,14 +195,14 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
     MLA_ASSIGN_OR_RETURN(q[s], alloc(tokens * c.h_q * 576 * 2, "bench.q"));
     MLA_ASSIGN_OR_RETURN(o[s], alloc(tokens * c.h_q * 512 * 2, "bench.o"));
     MLA_ASSIGN_OR_RETURN(lse[s], alloc(tokens * c.h_q * 4, "bench.lse"));
-    MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576,
-                                                    seed + 17 * s + 1, 0.25f, db.stream));
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576,
+                                                          seed + 17 * s + 1, 0.25f, db.stream));
   }
-  MLA_CUDA_RETURN_IF_ERROR(
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(plan_d.data(), plan.data(), plan_used, cudaMemcpyHostToDevice, db.stream));
-  MLA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r2t.data(), layout.req_to_token.data(),
-                                           layout.req_to_token.size() * 4, cudaMemcpyHostToDevice,
-                                           db.stream));
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r2t.data(), layout.req_to_token.data(),
+                                                 layout.req_to_token.size() * 4,
+                                                 cudaMemcpyHostToDevice, db.stream));
   const auto args_for = [&](int s) {
     AbsorbedArgs a;
     a.q = TensorView(q[s].data(), DType::kBF16, dev, {tokens, c.h_q, 576});
@@ -222,16 +222,16 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   const ExecContext ctx{dev, db.stream};
   for (int i = 0; i < 3; ++i) MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
   std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) MLA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  for (auto& e : ev) MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
   for (int i = 0; i < iters; ++i) {
-    MLA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], db.stream));
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], db.stream));
     MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
-    MLA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], db.stream));
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], db.stream));
   }
-  MLA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(db.stream));
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(db.stream));
   std::vector<float> ms(iters);
   for (int i = 0; i < iters; ++i)
-    MLA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   const double us = 1e3 * ms[iters / 2];
@@ -284,20 +284,20 @@ Status run_decode_benches(const BenchOptions& opt, Emitter& emit, const nlohmann
     }
   }
   for (const DecodeConfig& c : grid) db.cache_slots = std::max(db.cache_slots, slots_needed(c));
-  MLA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&db.stream, cudaStreamNonBlocking));
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&db.stream, cudaStreamNonBlocking));
   for (DType dt : dtypes) {
     if (dt == DType::kBF16) {
       MLA_ASSIGN_OR_RETURN(db.cache,
                            DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576 * 2,
                                                   "bench.kv_cache", "kv_pool.bench", false));
-      MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576,
-                                                      20261202, 0.25f, db.stream));
+      MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576,
+                                                            20261202, 0.25f, db.stream));
     } else {
       MLA_ASSIGN_OR_RETURN(db.cache_fp8,
                            DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576,
                                                   "bench.kv_cache_fp8", "kv_pool.bench", false));
-      MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_fp8(db.cache_fp8.data(), db.cache_slots * 576,
-                                                     20261203, 0.25f, db.stream));
+      MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_fp8(
+          db.cache_fp8.data(), db.cache_slots * 576, 20261203, 0.25f, db.stream));
     }
   }
   int failures = 0;

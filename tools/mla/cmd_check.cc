@@ -1,4 +1,4 @@
-// `mla check`: runs the conformance cases (tests/common/conformance.h) for every registered op
+// `mla check`: runs the conformance cases (lib/conformance/conformance.h) for every registered op
 // set of a device against the double-precision reference and prints a pass/fail/skip table.
 // Exit code 1 on any failure; a device that is not present is reported as skipped.
 #include <fmt/format.h>
@@ -11,7 +11,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "common/conformance.h"
+#include "conformance/conformance.h"
 #include "mla/ops.h"
 
 namespace mla::cli {

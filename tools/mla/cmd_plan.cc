@@ -1,6 +1,7 @@
 // `mla plan`: builds one synthetic batch over a fresh pool, plans it with a backend and prints
-// what the backend decided: forward method, fallback, planning counters and the chunked-prefix
-// chunk plan (SYSTEM.md 6). Runs no attention.
+// what the backend decided, in its own words (AttentionBackend::describe_plan): forward method,
+// fallback, the chunked-prefix chunk plan it built (SYSTEM.md 6), planning counters. Runs no
+// attention and recomputes nothing.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -10,14 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend_base.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
 #include "mla/ops.h"
-#include "planning/chunked_prefix.h"
 
 namespace mla::cli {
 namespace {
@@ -136,6 +135,8 @@ int run_plan(const PlanOptions& o) {
   AttentionBackend& be = **backend;
   if (Status s = plan_batch(be, batch); !s.ok()) return fail(s);
   const PlanningStats& st = be.planning_stats();
+  // What the backend built, as it describes it (nothing recomputed here).
+  const PlanDescription plan = be.describe_plan();
 
   json j{{"backend", o.backend},
          {"device", device->to_string()},
@@ -146,8 +147,6 @@ int run_plan(const PlanOptions& o) {
          {"extend_prefix_lens", batch.extend_prefix_lens},
          {"extend_seq_lens", batch.extend_seq_lens},
          {"num_tokens", batch.num_tokens()},
-         {"forward_method", forward_method_name(be.forward_method())},
-         {"fallback", be.fell_back()},
          {"planning",
           {{"init_forward_metadata_calls", st.init_forward_metadata_calls},
            {"absorbed_plans", st.absorbed_plans},
@@ -157,29 +156,24 @@ int run_plan(const PlanOptions& o) {
            {"mha_chunk_metadata_skipped", st.mha_chunk_metadata_skipped},
            {"fallbacks", st.fallbacks},
            {"plan_ns", st.plan_ns_total}}}};
-  if (be.forward_method() == ForwardMethod::kMhaChunked) {
-    planning::ChunkedPrefixPlan plan;
-    // The capacity the backend planned with: --chunk-capacity, capped by the chunk budget.
-    const int64_t capacity = backends::BackendBase::chunk_capacity(
-        ctx.options, OpRegistry::global().default_for(device->type));
-    if (Status s = planning::plan_chunked_prefix(batch.extend_prefix_lens, capacity, &plan);
-        !s.ok()) {
-      return fail(s);
-    }
+  j["forward_method"] = forward_method_name(plan.method);
+  j["fallback"] = plan.fell_back;
+  if (!plan.chunks.empty()) {
     json chunks = json::array();
-    for (int c = 0; c < plan.num_chunks; ++c) {
-      std::vector<int32_t> lens;
-      for (int b = 0; b < plan.batch_size; ++b) lens.push_back(plan.len(c, b));
-      chunks.push_back({{"start", plan.start(c)},
-                        {"lens", lens},
-                        {"num_tokens", plan.num_tokens[static_cast<std::size_t>(c)]},
-                        {"has_zero_kv", plan.has_zero_kv[static_cast<std::size_t>(c)] != 0}});
+    for (const PlanDescription::Chunk& c : plan.chunks) {
+      chunks.push_back({{"start", c.start},
+                        {"lens", c.lens},
+                        {"num_tokens", c.num_tokens},
+                        {"has_zero_kv", c.has_zero_kv}});
     }
-    j["chunk_plan"] = {{"capacity", plan.capacity},
+    j["chunk_plan"] = {{"capacity", plan.chunk_capacity},
                        {"chunk_len", plan.chunk_len},
-                       {"num_chunks", plan.num_chunks},
+                       {"num_chunks", plan.chunks.size()},
                        {"chunks", chunks}};
   }
+  json details = json::object();
+  for (const auto& [name, value] : plan.details) details[name] = value;
+  j["plan"] = details;
   if (o.json_out) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -192,8 +186,9 @@ int run_plan(const PlanOptions& o) {
     fmt::print("  extend_prefix_lens {}\n  extend_seq_lens    {}\n", batch.extend_prefix_lens,
                batch.extend_seq_lens);
   }
-  fmt::print("  forward method     {}{}\n", forward_method_name(be.forward_method()),
-             be.fell_back() ? " (fallback to the parent's absorbed path)" : "");
+  fmt::print("  forward method     {}{}\n", forward_method_name(plan.method),
+             plan.fell_back ? " (fallback to the parent's absorbed path)" : "");
+  for (const auto& [name, value] : plan.details) fmt::print("  {:<18} {}\n", name, value);
   fmt::print(
       "  planning           {} absorbed, {} mha, {} chunk plans; chunk metadata calls {} "
       "({} skipped); {} ns\n",

@@ -11,7 +11,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "mla/model.h"
-#include "run_driver.h"
+#include "sim/run_driver.h"
 
 namespace mla::cli {
 namespace {

@@ -19,15 +19,10 @@ StatusOr<std::unique_ptr<ChunkedMlaBackend>> ChunkedMlaBackend::create(const Bac
                  bytes, b->reserved_workspace_bytes(), kChunkedWorkspaceEnv);
   // Seed requirement 1: the fallback's parent resources exist from construction on when (and
   // only when) the configuration makes a fallback possible.
-  if (parent == ParentPolicy::kAuto && planning::fallback_possible(ctx.options)) {
+  if (parent == ParentPolicy::kAuto && planning::fallback_possible(method_options(ctx.options))) {
     MLA_ASSIGN_OR_RETURN(b->parent_, PagedMlaBackend::create(ctx, "chunked_mla.fallback"));
   }
   return b;
-}
-
-planning::BackendFamily ChunkedMlaBackend::family() const {
-  return falls_back_locally() ? planning::BackendFamily::kOndemandMla
-                              : planning::BackendFamily::kChunkedMla;
 }
 
 StatusOr<WorkspaceView> ChunkedMlaBackend::op_workspace(std::size_t) {
@@ -43,11 +38,21 @@ std::size_t ChunkedMlaBackend::reserved_workspace_bytes() const {
 }
 
 ForwardMethod ChunkedMlaBackend::choose_forward_method(const ForwardBatch& batch) const {
-  return planning::choose_forward_method(family(), options_, batch);
+  return planning::choose_forward_method(planning::ExtendRule::kChunkedUnlessFallback,
+                                         method_options(options_), batch);
 }
 
 ForwardMethod ChunkedMlaBackend::forward_method() const {
   return delegated() ? parent_->forward_method() : method_;
+}
+
+PlanDescription ChunkedMlaBackend::describe_plan() const {
+  if (!delegated()) return BackendBase::describe_plan();
+  PlanDescription d = parent_->describe_plan();
+  d.details.insert(d.details.begin(), {"planned by", std::string(parent_->name())});
+  d.backend = name_;
+  d.fell_back = true;
+  return d;
 }
 
 Status ChunkedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {
@@ -55,7 +60,7 @@ Status ChunkedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {
   ++stats_.init_forward_metadata_calls;
   MLA_RETURN_IF_ERROR(validate(batch));
   // Decided afresh for every batch, so an extend's fallback never leaks into the next batch.
-  fell_back_ = planning::should_fall_back(options_, batch);
+  fell_back_ = planning::should_fall_back(method_options(options_), batch);
   if (fell_back_) {
     ++stats_.fallbacks;
     if (parent_) {
@@ -78,7 +83,7 @@ Status ChunkedMlaBackend::init_mha_chunk_metadata(const ForwardBatch& batch, boo
   ++stats_.mha_chunk_metadata_calls;
   // Seed requirement 2: the one fallback rule decides; outside a fallback there is nothing to do
   // (the chunks were planned by init_forward_metadata).
-  if (!planning::should_fall_back(options_, batch)) {
+  if (!planning::should_fall_back(method_options(options_), batch)) {
     ++stats_.mha_chunk_metadata_skipped;
     return Status::Ok();
   }

@@ -34,6 +34,8 @@ class ChunkedMlaBackend : public BackendBase {
   ForwardMethod choose_forward_method(const ForwardBatch& batch) const override;
   ForwardMethod forward_method() const override;
   bool fell_back() const override { return fell_back_; }
+  // The parent's plan when the batch was delegated to it, else the own.
+  PlanDescription describe_plan() const override;
 
   Status forward_extend(const AttentionInputs& in, const AttentionOutputs& out,
                         const ExecContext& ctx) override;
@@ -59,7 +61,6 @@ class ChunkedMlaBackend : public BackendBase {
   std::size_t reserved_workspace_bytes() const override;
   // ondemand_mla runs its fallback on its own absorbed path instead of a paged_mla parent.
   virtual bool falls_back_locally() const { return false; }
-  planning::BackendFamily family() const;
 
   std::unique_ptr<PagedMlaBackend> parent_;
 

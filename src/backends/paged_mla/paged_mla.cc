@@ -23,7 +23,8 @@ StatusOr<WorkspaceView> PagedMlaBackend::op_workspace(std::size_t) {
 }
 
 ForwardMethod PagedMlaBackend::choose_forward_method(const ForwardBatch& batch) const {
-  return planning::choose_forward_method(planning::BackendFamily::kPagedMla, options_, batch);
+  return planning::choose_forward_method(planning::ExtendRule::kPrefixThreshold,
+                                         method_options(options_), batch);
 }
 
 Status PagedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {

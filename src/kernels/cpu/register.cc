@@ -1,8 +1,11 @@
-// Registers the cpu op set "cpu" (the cpu device's default).
+// The cpu op set "cpu" (the cpu device's default), registered with core's op registry when the
+// library is loaded (mla links this library whole).
 #include "kernels/cpu/cpu_common.h"
 #include "mla/ops.h"
 
 namespace mla {
+
+namespace {
 
 void register_cpu_ops(OpRegistry& registry) {
   OpSet set;
@@ -16,5 +19,10 @@ void register_cpu_ops(OpRegistry& registry) {
   set.head_gemm = cpu::make_head_gemm_op();
   registry.add(std::move(set));
 }
+
+[[maybe_unused]] const bool kRegistered =
+    register_op_set_provider(DeviceType::kCpu, &register_cpu_ops);
+
+}  // namespace
 
 }  // namespace mla

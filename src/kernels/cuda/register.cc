@@ -1,7 +1,8 @@
 // The "cuda" OpSet: the absorbed op from this folder, the prefill-side ops (MHA, merge, KV
-// write, up-projection, head GEMM) from cuda-prefill's factories. Also registers the cuda
-// DeviceRuntime. The set is registered even without a device: its ops then fail with the
-// runtime's error, and device_available(Device::cuda()) tells callers to skip.
+// write, up-projection, head GEMM) from cuda-prefill's factories, and the cuda DeviceRuntime
+// (runtime.cc): both registered with core when the library is loaded (mla links it whole). The set
+// is registered even without a device: its ops then fail with the runtime's error, and
+// device_available(Device::cuda()) tells callers to skip.
 #include "kernels/cuda/absorbed/op.h"
 #include "mla/ops.h"
 
@@ -12,10 +13,9 @@
 
 namespace mla {
 
-void ensure_cuda_runtime_registered();
+namespace {
 
 void register_cuda_ops(OpRegistry& registry) {
-  ensure_cuda_runtime_registered();
   OpSet set;
   set.name = "cuda";
   set.device = DeviceType::kCuda;
@@ -29,5 +29,10 @@ void register_cuda_ops(OpRegistry& registry) {
 #endif
   registry.add(std::move(set));
 }
+
+[[maybe_unused]] const bool kRegistered =
+    register_op_set_provider(DeviceType::kCuda, &register_cuda_ops);
+
+}  // namespace
 
 }  // namespace mla

@@ -1,5 +1,5 @@
-// The CUDA DeviceRuntime: plain cudaMalloc/cudaFree, stream-ordered copies and memsets, and the
-// registration hook that src/core/memory.cc calls (ensure_cuda_runtime_registered). A machine
+// The CUDA DeviceRuntime: plain cudaMalloc/cudaFree, stream-ordered copies and memsets, registered
+// with core at load time (register_device_runtime_factory; core builds it on first use). A machine
 // without a GPU or driver reports device_count 0 and never crashes.
 #include <cuda_runtime.h>
 
@@ -204,9 +204,14 @@ class CudaRuntime final : public DeviceRuntime {
 }  // namespace
 }  // namespace cuda
 
-void ensure_cuda_runtime_registered() {
-  static std::once_flag once;
-  std::call_once(once, [] { register_device_runtime(std::make_unique<cuda::CudaRuntime>()); });
-}
+namespace {
+
+std::unique_ptr<DeviceRuntime> make_cuda_runtime() { return std::make_unique<cuda::CudaRuntime>(); }
+
+// Core builds the runtime on the first device_runtime(DeviceType::kCuda).
+[[maybe_unused]] const bool kRegistered =
+    register_device_runtime_factory(DeviceType::kCuda, &make_cuda_runtime);
+
+}  // namespace
 
 }  // namespace mla

@@ -1,10 +1,10 @@
-// The embedded workload generator of `mla run` (tools/mla/sim_workload.h).
+// The embedded workload generator of `mla run` (lib/sim/sim_workload.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 
-#include "sim_workload.h"
+#include "sim/sim_workload.h"
 
 namespace mla::sim {
 namespace {

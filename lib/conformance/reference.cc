@@ -1,10 +1,10 @@
-#include "common/reference.h"
+#include "conformance/reference.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "common/case_gen.h"
+#include "conformance/case_gen.h"
 #include "mla/ops.h"
 
 namespace mla::testing {

@@ -1,4 +1,4 @@
-#include "common/case_gen.h"
+#include "conformance/case_gen.h"
 
 #include <algorithm>
 #include <cstring>

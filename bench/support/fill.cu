@@ -1,7 +1,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/absorbed/fill.h"
+#include "fill.h"
 
 namespace mla::cuda {
 namespace {

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "common/case_gen.h"
-#include "common/reference.h"
+#include "conformance/case_gen.h"
+#include "conformance/reference.h"
 #include "mla/kv_pool.h"
 
 namespace mla::cli {

@@ -9,10 +9,10 @@
 #include <limits>
 #include <numeric>
 
-#include "common/case_gen.h"
-#include "common/compare.h"
-#include "common/conformance.h"
-#include "common/reference.h"
+#include "conformance/case_gen.h"
+#include "conformance/compare.h"
+#include "conformance/conformance.h"
+#include "conformance/reference.h"
 #include "mla/memory.h"
 
 namespace mla::testing {

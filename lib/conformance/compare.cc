@@ -1,4 +1,4 @@
-#include "common/compare.h"
+#include "conformance/compare.h"
 
 #include <fmt/format.h>
 

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <functional>
 
-#include "common/case_gen.h"
-#include "common/conformance.h"
+#include "conformance/case_gen.h"
+#include "conformance/conformance.h"
 
 namespace mla::testing {
 namespace {

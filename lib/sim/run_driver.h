@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "cli_util.h"
 #include "mla/backend.h"
 #include "mla/status.h"
 #include "mla/types.h"
+#include "sim/run_report.h"
 #include "sim_scheduler.h"
 #include "sim_workload.h"
 

@@ -1,11 +1,11 @@
-// The JSONL trace parser of `mla run --trace` (tools/mla/sim_trace.h, docs/trace-format.md).
+// The JSONL trace parser of `mla run --trace` (lib/sim/sim_trace.h, docs/trace-format.md).
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
 #include <string>
 
-#include "sim_trace.h"
+#include "sim/sim_trace.h"
 
 namespace mla::sim {
 namespace {

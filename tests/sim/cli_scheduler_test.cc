@@ -1,4 +1,4 @@
-// Invariants of the `mla run` scheduler (tools/mla/sim_scheduler.h) over whole simulated runs:
+// Invariants of the `mla run` scheduler (lib/sim/sim_scheduler.h) over whole simulated runs:
 // every batch is valid for the pool, its out_cache_loc are the pool's slots of exactly its new
 // tokens, budgets and limits hold, every request finishes with its output length, prefixes are
 // shared, and the pool is empty again at the end.
@@ -9,8 +9,8 @@
 #include <set>
 
 #include "mla/kv_pool.h"
-#include "sim_scheduler.h"
-#include "sim_workload.h"
+#include "sim/sim_scheduler.h"
+#include "sim/sim_workload.h"
 
 namespace mla::sim {
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/absorbed/fill.h"
-#include "kernels/cuda/common.h"
+#include "bench_cuda.h"
+#include "fill.h"
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
 #include "mla/memory.h"
@@ -30,7 +30,7 @@ StatusOr<DeviceBuffer> random_buffer(int64_t elems, uint64_t seed, cudaStream_t 
                                      const char* name) {
   MLA_ASSIGN_OR_RETURN(DeviceBuffer b,
                        DeviceBuffer::allocate(Device::cuda(), elems * 2, name, "bench", false));
-  MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(b.data(), elems, seed, 0.25f, stream));
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(b.data(), elems, seed, 0.25f, stream));
   return b;
 }
 
@@ -39,16 +39,16 @@ template <typename Fn>
 StatusOr<std::pair<double, double>> time_runs(cudaStream_t stream, int warmup, int iters, Fn fn) {
   for (int i = 0; i < warmup; ++i) MLA_RETURN_IF_ERROR(fn());
   std::vector<cudaEvent_t> ev(2 * static_cast<std::size_t>(iters));
-  for (auto& e : ev) MLA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  for (auto& e : ev) MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
   for (int i = 0; i < iters; ++i) {
-    MLA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], stream));
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], stream));
     MLA_RETURN_IF_ERROR(fn());
-    MLA_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], stream));
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], stream));
   }
-  MLA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   std::vector<float> ms(static_cast<std::size_t>(iters));
   for (int i = 0; i < iters; ++i) {
-    MLA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
   }
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
@@ -75,7 +75,7 @@ Status bench_mha(int b, int s, int iters, cudaStream_t stream, const BenchSink& 
                        op.plan(MhaProblem{kHeads, true, indptr, indptr}, cap, host_plan));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer plan,
                        DeviceBuffer::allocate(dev, host_plan.size(), "bench.plan", "bench", false));
-  MLA_CUDA_RETURN_IF_ERROR(
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(plan.data(), host_plan.data(), used, cudaMemcpyHostToDevice, stream));
   MhaArgs a;
   a.q = TensorView(q.data(), DType::kBF16, dev, {t, kHeads, 192});
@@ -127,8 +127,8 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
   std::vector<int32_t> slots;
   MLA_RETURN_IF_ERROR(pool->extend_request(row, kPrefix, &slots));
   MLA_RETURN_IF_ERROR(pool->extend_request(row, kPrefix + kNew, &slots));
-  MLA_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(pool->layer_cache(0).data,
-                                                  pool->num_slots() * 576, 21, 0.25f, stream));
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(
+      pool->layer_cache(0).data, pool->num_slots() * 576, 21, 0.25f, stream));
 
   ForwardBatch batch;
   batch.mode = ForwardMode::kExtend;
@@ -201,7 +201,7 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
 
 Status run_prefill_benches(bool prefill, bool extend, bool quick, const BenchSink& sink) {
   cudaStream_t stream = nullptr;
-  MLA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int iters = quick ? 5 : 10;
   Status first_error = Status::Ok();
   const auto note = [&](Status st) {
