@@ -4,10 +4,10 @@
 #      the generated wgmma block is fenced off with clang-format off/on.
 #   2. clang-tidy-14 with the checks in .clang-tidy over the host translation units of the ci
 #      preset (build/ci/compile_commands.json; configured here if missing): the library (src/),
-#      the CLI (tools/), the benchmark (bench/), the README example (examples/) and the shared
-#      reference (tests/common), and the project headers they include. The gtest executables'
-#      own files are left out (their bodies are macro expansions; linting them doubles the
-#      step's time). CUDA .cu files are not in the ci preset's database.
+#      the CLI (tools/), the benchmark (bench/), the README example (examples/), lib/ (the
+#      conformance reference, the serving simulation), and the project headers they include.
+#      The gtest executables' own files are left out (their bodies are macro expansions; linting
+#      them doubles the step's time). CUDA .cu files are not in the ci preset's database.
 # Usage: scripts/lint.sh [--format-only | --tidy-only]. MLA_JOBS sets clang-tidy's -j.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,14 +32,14 @@ if [ "$what" != --format-only ]; then
   fi
   # The CLI's generated header (mla_version.h) exists once CMake has configured.
   if ! run-clang-tidy-14 -quiet -j "$jobs" -p build/ci \
-      -header-filter="^$root/(include|src|tests|tools|bench|examples)/" \
-      "^$root/(src|tools|bench|examples|tests/common)/.*\.cc$" > build/ci/clang-tidy.log 2>&1; then
+      -header-filter="^$root/(include|src|lib|tests|tools|bench|examples)/" \
+      "^$root/(src|lib|tools|bench|examples)/.*\.cc$" > build/ci/clang-tidy.log 2>&1; then
     grep -E 'error:|warning:' build/ci/clang-tidy.log | sort -u >&2 || true
     echo "lint: clang-tidy found problems (full log: build/ci/clang-tidy.log)" >&2
     rc=1
   else
     echo "lint: clang-tidy clean ($(grep -c '"file"' build/ci/compile_commands.json) TUs in the" \
-      "database, those under src/ tools/ bench/ examples/ tests/common/ checked)"
+      "database, those under src/ lib/ tools/ bench/ examples/ checked)"
   fi
 fi
 exit $rc
