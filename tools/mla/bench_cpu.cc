@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "conformance/case_gen.h"
+#include "mla/model.h"
 #include "mla/ops.h"
 #include "mla/types.h"
 
@@ -236,7 +237,7 @@ Status bench_decode(const OpSet& set, const DecodeShape& d, int iters, const Cei
                               {layout.num_rows, layout.max_context_len});
   a.o = TensorView(o.data(), DType::kBF16, dev, {t, d.h, 512});
   a.lse = TensorView(lse.data(), DType::kF32, dev, {t, d.h});
-  a.sm_scale = 0.135234f;
+  a.sm_scale = kDeepSeekV3SoftmaxScale;
   a.plan = plan.data();
   a.workspace = ws.data();
   a.workspace_bytes = ws.size();
@@ -289,7 +290,7 @@ Status bench_prefill(const OpSet& set, const PrefillShape& p, int iters, const C
   a.v = TensorView(v.data(), DType::kBF16, dev, {t, p.h, 128});
   a.o = TensorView(o.data(), DType::kBF16, dev, {t, p.h, 128});
   a.lse = TensorView(lse.data(), DType::kF32, dev, {t, p.h});
-  a.sm_scale = 0.135234f;
+  a.sm_scale = kDeepSeekV3SoftmaxScale;
   a.plan = plan.data();
   a.workspace = ws.data();
   a.workspace_bytes = ws.size();

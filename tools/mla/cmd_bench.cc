@@ -25,6 +25,7 @@
 #include "commands.h"
 #include "conformance/case_gen.h"
 #include "mla/memory.h"
+#include "mla/model.h"
 #include "mla/ops.h"
 
 #ifdef MLA_WITH_CUDA
@@ -213,7 +214,7 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
         TensorView(r2t.data(), DType::kI32, dev, {layout.num_rows, layout.max_context_len});
     a.o = TensorView(o[s].data(), DType::kBF16, dev, {tokens, c.h_q, 512});
     a.lse = TensorView(lse[s].data(), DType::kF32, dev, {tokens, c.h_q});
-    a.sm_scale = 0.135234f;
+    a.sm_scale = kDeepSeekV3SoftmaxScale;
     a.plan = plan_d.data();
     a.workspace = ws.data();
     a.workspace_bytes = ws.bytes();
