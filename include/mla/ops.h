@@ -38,6 +38,14 @@ inline int64_t slot_of_token(const int32_t* req_to_token, int64_t row_stride, in
   return first + i % page_size;
 }
 
+// Slot of token i of row r of a block table of page ids (FlashMLA's and vLLM's form,
+// [rows, max_blocks]): block_table[r, i / P] * P + i % P.
+inline int64_t slot_of_block(const int32_t* block_table, int64_t row_stride, int row, int64_t i,
+                             int page_size) {
+  const int64_t page = block_table[row * row_stride + i / page_size];
+  return page * page_size + i % page_size;
+}
+
 // Capacity that plan and workspace buffers are sized for, once (graphs, fixed workspaces).
 struct AttnCapacity {
   int max_batch = 0;          // requests
@@ -65,18 +73,46 @@ struct AbsorbedProblem {
   std::span<const int32_t> kv_lens;   // [bs] >= q_len when causal
 };
 
+// The page table is given in one of two forms, read in place (no token-level copy): exactly one
+// of req_to_token and block_table is set (the other left empty, data null). The plan's req_rows
+// index the rows of whichever is given.
 struct AbsorbedArgs {
   TensorView q;             // bf16 [T, H, 576]
   TensorView kv_cache;      // bf16 | fp8e4m3 [num_slots, 576]
   float k_scale = 1.0f;     // applied only when kv_cache is fp8
-  TensorView req_to_token;  // i32 [rows, max_context_len]
-  TensorView o;             // bf16 [T, H, 512]
-  TensorView lse;           // f32 [T, H]
+  TensorView req_to_token;  // i32 [rows, max_context_len]: SGLang's token-level table
+  // i32 [rows, max_blocks]: page ids (FlashMLA / vLLM), or i32 [num_pages] flat: the page list
+  // of a request starts at element req_rows[b] (FlashInfer's kv_indices, req_rows = kv_indptr).
+  TensorView block_table;
+  TensorView o;    // bf16 [T, H, 512]
+  TensorView lse;  // f32 [T, H]
   float sm_scale = 0.f;
   const void* plan = nullptr;  // device copy of plan() output
   void* workspace = nullptr;   // workspace_bytes(capacity) bytes, contents need not be zero
   std::size_t workspace_bytes = 0;
 };
+
+// The page table of an absorbed run, whichever form AbsorbedArgs carries, checked by
+// absorbed_page_table: exactly one form set, i32 [rows, cols] on `device`, column stride 1.
+struct PageTable {
+  const int32_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+  bool block = false;  // block table of page ids; else token-level req_to_token
+  bool flat = false;   // 1-D block table: row r starts at element r (row_stride 1)
+  std::string_view name = "req_to_token";  // the AbsorbedArgs field, for errors
+  // Keys row `row` can address (row in [0, rows)).
+  int64_t max_keys(int64_t row, int page_size) const {
+    if (!block) return cols;
+    return (flat ? rows - row : cols) * page_size;
+  }
+  int64_t slot(int row, int64_t i, int page_size) const {
+    return block ? slot_of_block(data, row_stride, row, i, page_size)
+                 : slot_of_token(data, row_stride, row, i, page_size);
+  }
+};
+StatusOr<PageTable> absorbed_page_table(const AbsorbedArgs& args, Device device);
 
 class AbsorbedAttentionOp {
  public:

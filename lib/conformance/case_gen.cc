@@ -91,6 +91,8 @@ PagedLayout make_paged_layout(std::span<const int32_t> kv_lens, int page_size, b
   l.num_slots = (num_pages + 1) * page_size;
   l.num_rows = bs + 3;
   l.req_to_token.assign(static_cast<std::size_t>(l.num_rows) * l.max_context_len, 0);
+  l.max_blocks = l.max_context_len / page_size;
+  l.block_table.assign(static_cast<std::size_t>(l.num_rows) * l.max_blocks, 0);
 
   // Page ids 1..num_pages (slot ids 1.. for page_size 1: same thing).
   std::vector<int32_t> pages(static_cast<std::size_t>(num_pages));
@@ -105,7 +107,9 @@ PagedLayout make_paged_layout(std::span<const int32_t> kv_lens, int page_size, b
     const int32_t row = rows[b];
     l.req_rows.push_back(row);
     int32_t* r = l.req_to_token.data() + static_cast<int64_t>(row) * l.max_context_len;
+    int32_t* blocks = l.block_table.data() + static_cast<int64_t>(row) * l.max_blocks;
     for (int32_t i = 0; i < kv_lens[b]; i += page_size) {
+      blocks[i / page_size] = pages[next_page];
       const int32_t first = pages[next_page++] * page_size;
       for (int32_t j = 0; j < page_size; ++j) r[i + j] = first + j;  // whole page, like a pool
     }

@@ -40,13 +40,16 @@ std::vector<float> decode_to_float(std::span<const std::byte> bytes, DType dtype
 
 // A paged request layout without a pool: request b owns pool row req_rows[b] of req_to_token;
 // pages are handed out from ids 1.. (page 0 is the dummy page), shuffled when asked. Unused
-// entries of req_to_token point into the dummy page.
+// entries of req_to_token point into the dummy page. block_table lists the same pages as page
+// ids (FlashMLA's / vLLM's form), rows indexed like req_to_token, unused entries page 0.
 struct PagedLayout {
   int page_size = 1;
   int num_rows = 0;                   // rows of req_to_token (row 0 = padding row)
   int max_context_len = 0;            // columns of req_to_token
   int64_t num_slots = 0;              // rows of the cache, dummy page included
   std::vector<int32_t> req_to_token;  // i32 [num_rows, max_context_len]
+  int max_blocks = 0;                 // columns of block_table: max_context_len / page_size
+  std::vector<int32_t> block_table;   // i32 [num_rows, max_blocks]
   std::vector<int32_t> req_rows;      // i32 [bs]
   std::vector<int32_t> kv_lens;       // i32 [bs] tokens with a slot per request
   int64_t slot(int b, int64_t token) const;

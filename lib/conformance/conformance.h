@@ -43,6 +43,7 @@ struct ConformanceCase {
   // Paged cache (absorbed, kv_write, up_project).
   int page_size = 1;
   bool shuffle_pages = true;  // random page order (and random slots for page_size 1)
+  bool block_table = false;   // absorbed: the page table as a block table of page ids
   DType cache_dtype = DType::kBF16;
   float k_scale = 1.0f;  // applied only to fp8 caches; set != 1 on bf16 to prove that
 

@@ -156,6 +156,23 @@ void add_absorbed(Builder& b, ConformanceScope scope) {
     c.kv_lens = {0, 17, 0};
     b.add(c, absorbed_stem(c, "noncausal_kv0"));
   }
+  // The block-table form of the page table (FlashMLA / vLLM: page ids, read in place) over
+  // every page size, and verify over an fp8 cache; pages of 64 and more take the cuda kernel's
+  // TMA load path, smaller ones its cp.async path.
+  for (int p : pages) {
+    ConformanceCase c = attn(OpKind::kAbsorbed, "decode", p >= 64 ? 128 : 16, p);
+    c.block_table = true;
+    c.kv_lens = page_edge_lengths(p);
+    c.q_lens.assign(c.kv_lens.size(), 1);
+    b.add(c, absorbed_stem(c, "page_edges/block_table"));
+  }
+  {
+    ConformanceCase c = attn(OpKind::kAbsorbed, "verify", 64, full ? 64 : 16, DType::kFP8E4M3);
+    c.block_table = true;
+    c.q_lens = {3, 2, 4};
+    c.kv_lens = {70, 2, 200};
+    b.add(c, absorbed_stem(c, "block_table"));
+  }
   if (!full) return;
   {
     ConformanceCase c = attn(OpKind::kAbsorbed, "decode", 16, 16);

@@ -205,7 +205,11 @@ StatusOr<Prepared> prepare_absorbed(const OpSet& ops, const ConformanceCase& c, 
 
   MLA_ASSIGN_OR_RETURN(void* q_dev, h.upload(as_bytes_of(q), "q"));
   MLA_ASSIGN_OR_RETURN(void* cache_dev, h.upload(cache.bytes, "kv_cache"));
-  MLA_ASSIGN_OR_RETURN(void* r2t_dev, h.upload(as_bytes_of(layout.req_to_token), "req_to_token"));
+  // The page table in the case's form: token-level req_to_token or a block table of page ids.
+  const std::vector<int32_t>& table = c.block_table ? layout.block_table : layout.req_to_token;
+  const int64_t table_cols = c.block_table ? layout.max_blocks : layout.max_context_len;
+  MLA_ASSIGN_OR_RETURN(void* table_dev, h.upload(as_bytes_of(table),
+                                                 c.block_table ? "block_table" : "req_to_token"));
   MLA_ASSIGN_OR_RETURN(OutputSpec * o, h.output("o", DType::kBF16, {t, hc, 512}));
   MLA_ASSIGN_OR_RETURN(OutputSpec * lse, h.output("lse", DType::kF32, {t, hc}));
 
@@ -225,7 +229,8 @@ StatusOr<Prepared> prepare_absorbed(const OpSet& ops, const ConformanceCase& c, 
   args.q = view(q_dev, DType::kBF16, d, {t, hc, 576});
   args.kv_cache = view(cache_dev, c.cache_dtype, d, {layout.num_slots, 576});
   args.k_scale = c.k_scale;
-  args.req_to_token = view(r2t_dev, DType::kI32, d, {layout.num_rows, layout.max_context_len});
+  (c.block_table ? args.block_table : args.req_to_token) =
+      view(table_dev, DType::kI32, d, {layout.num_rows, table_cols});
   args.o = view(o->data(), DType::kBF16, d, {t, hc, 512});
   args.lse = view(lse->data(), DType::kF32, d, {t, hc});
   args.sm_scale = c.sm_scale;
@@ -243,8 +248,8 @@ StatusOr<Prepared> prepare_absorbed(const OpSet& ops, const ConformanceCase& c, 
   rp.sm_scale = c.sm_scale;
   rp.cache_dtype = c.cache_dtype;
   rp.k_scale = c.k_scale;
-  rp.row_stride = layout.max_context_len;
-  rp.req_to_token = layout.req_to_token;
+  rp.row_stride = table_cols;
+  (c.block_table ? rp.block_table : rp.req_to_token) = table;
   rp.req_rows = layout.req_rows;
   rp.q_lens = c.q_lens;
   rp.kv_lens = c.kv_lens;

@@ -86,7 +86,9 @@ RefAttention reference_absorbed(const AbsorbedRefProblem& p, std::span<const flo
     kv.assign(static_cast<std::size_t>(kv_len * kLatent), 0.0);
     for (int64_t i = 0; i < kv_len; ++i) {
       const int64_t slot =
-          slot_of_token(p.req_to_token.data(), p.row_stride, p.req_rows[b], i, p.page_size);
+          p.block_table.empty()
+              ? slot_of_token(p.req_to_token.data(), p.row_stride, p.req_rows[b], i, p.page_size)
+              : slot_of_block(p.block_table.data(), p.row_stride, p.req_rows[b], i, p.page_size);
       for (int d = 0; d < kLatent; ++d) {
         kv[i * kLatent + d] = dequant(cache_stored[slot * kLatent + d], p.cache_dtype, p.k_scale);
       }

@@ -22,7 +22,8 @@ RefAttention dense_attention(std::span<const float> q, std::span<const float> k,
                              int kv_heads, int dqk, int dv, double sm_scale, bool causal);
 
 // Absorbed paged attention. q [T, H, 576]; cache_stored [num_slots, 576] stored values
-// (dequantised here: times k_scale only for fp8); req_to_token [rows, row_stride].
+// (dequantised here: times k_scale only for fp8); the page table is req_to_token
+// [rows, row_stride] or, when block_table is given, a block table of page ids [rows, row_stride].
 // Output o [T, H, 512], lse [T, H].
 struct AbsorbedRefProblem {
   int num_heads = 0;
@@ -31,11 +32,12 @@ struct AbsorbedRefProblem {
   double sm_scale = 0.0;
   DType cache_dtype = DType::kBF16;
   float k_scale = 1.0f;
-  int64_t row_stride = 0;  // columns of req_to_token
+  int64_t row_stride = 0;  // columns of the page table
   std::span<const int32_t> req_to_token;
-  std::span<const int32_t> req_rows;  // [bs]
-  std::span<const int32_t> q_lens;    // [bs]
-  std::span<const int32_t> kv_lens;   // [bs]
+  std::span<const int32_t> block_table;  // used instead of req_to_token when not empty
+  std::span<const int32_t> req_rows;     // [bs]
+  std::span<const int32_t> q_lens;       // [bs]
+  std::span<const int32_t> kv_lens;      // [bs]
 };
 RefAttention reference_absorbed(const AbsorbedRefProblem& p, std::span<const float> q,
                                 std::span<const float> cache_stored);

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -108,14 +109,20 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
                   [&](std::span<std::byte> host) { return set.absorbed->plan(p, cap, host); });
 }
 
-void absorbed_run(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& req_to_token,
-                  const at::Tensor& plan, const at::Tensor& workspace, const at::Tensor& o,
-                  const at::Tensor& lse, double sm_scale, double k_scale) {
+// The page table is req_to_token (token-level) or block_table (page ids: [rows, max_blocks], or
+// a flat page list whose rows start at the planned req_rows); exactly one is given.
+void absorbed_run(const at::Tensor& q, const at::Tensor& kv_cache,
+                  const std::optional<at::Tensor>& req_to_token, const at::Tensor& plan,
+                  const at::Tensor& workspace, const at::Tensor& o, const at::Tensor& lse,
+                  double sm_scale, double k_scale, const std::optional<at::Tensor>& block_table) {
   constexpr std::string_view op = "absorbed_run";
   const at::Device dev = q.device();
+  const at::Tensor r2t = req_to_token.value_or(at::Tensor());
+  const at::Tensor blocks = block_table.value_or(at::Tensor());
   check_same_device(dev,
                     {{&kv_cache, "kv_cache"},
-                     {&req_to_token, "req_to_token"},
+                     {&r2t, "req_to_token"},
+                     {&blocks, "block_table"},
                      {&plan, "plan"},
                      {&workspace, "workspace"},
                      {&o, "o"},
@@ -128,7 +135,8 @@ void absorbed_run(const at::Tensor& q, const at::Tensor& kv_cache, const at::Ten
   a.q = to_view(q, "q", op);
   a.kv_cache = to_view(kv_cache, "kv_cache", op);
   a.k_scale = static_cast<float>(k_scale);
-  a.req_to_token = to_view(req_to_token, "req_to_token", op);
+  a.req_to_token = to_view(r2t, "req_to_token", op);
+  a.block_table = to_view(blocks, "block_table", op);
   a.o = to_view(o, "o", op);
   a.lse = to_view(lse, "lse", op);
   a.sm_scale = static_cast<float>(sm_scale);
@@ -275,8 +283,9 @@ TORCH_LIBRARY(mla, m) {
       "Tensor(b!) plan, int num_heads, int page_size, bool causal, int max_batch, "
       "int max_q_tokens, int max_q_len) -> ()");
   m.def(
-      "absorbed_run(Tensor q, Tensor kv_cache, Tensor req_to_token, Tensor plan, "
-      "Tensor(a!) workspace, Tensor(b!) o, Tensor(c!) lse, float sm_scale, float k_scale) -> ()");
+      "absorbed_run(Tensor q, Tensor kv_cache, Tensor? req_to_token, Tensor plan, "
+      "Tensor(a!) workspace, Tensor(b!) o, Tensor(c!) lse, float sm_scale, float k_scale, "
+      "Tensor? block_table=None) -> ()");
   m.def(
       "mha_sizes(int max_batch, int max_q_tokens, int max_kv_tokens, int max_q_len, "
       "int num_heads, Device device) -> int[]",

@@ -8,9 +8,10 @@ natural log (what every other mla op returns).
 
 ckv_cache and kpe_cache must be two views of one 576-wide buffer (as SGLang passes them): the
 cache is read in place. q_nope / q_pe are read in place when they are views of one 576-wide
-buffer, else they are concatenated (a copy of T x H x 576 bf16 per run). plan() turns the page
-list (kv_indptr, kv_indices) into SGLang's token-level table on the device once per batch
-(a copy of batch x max_pages x page_size int32).
+buffer, else they are concatenated (a copy of T x H x 576 bf16 per run). The page list
+(kv_indptr, kv_indices) is read in place: kv_indices is the op's flat block table and the
+host kv_indptr[:-1] are the planned rows, so request b's pages start at kv_indices[kv_indptr[b]]
+(kv_indices is copied only when it is not int32 on the wrapper's device).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .ops import LATENT_DIM, KV_LORA_RANK, AbsorbedPlan, _device, _host_i32, block_table_to_req_to_token
+from .ops import LATENT_DIM, KV_LORA_RANK, AbsorbedPlan, _device, _host_i32
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -44,7 +45,7 @@ class BatchMLAPagedAttentionWrapper:
         self.device = _device(float_workspace_buffer.device)
         self.use_cuda_graph = bool(use_cuda_graph)
         self._plan: Optional[AbsorbedPlan] = None
-        self._r2t: Optional[torch.Tensor] = None
+        self._kv_indices: Optional[torch.Tensor] = None
         self._tokens = 0
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads: int,
@@ -75,18 +76,15 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(f"kv_indptr: request {r} has {int(pages[r])} pages, kv_len_arr[{r}] = "
                              f"{int(kv_len[r])} needs {int(need[r])} of page_size {P}")
         if isinstance(kv_indices, torch.Tensor):
-            indices = kv_indices.to(self.device, torch.int32)
+            indices = kv_indices.to(self.device, torch.int32).reshape(-1)
         else:
             indices = torch.tensor(list(kv_indices), dtype=torch.int32, device=self.device)
-        max_pages = max(int(pages.max()) if bs else 0, 1)
-        # Page j of request b is kv_indices[kv_indptr[b] + j]; columns past its pages repeat
-        # its last page (never read: keys stop at kv_len).
-        pos = kvp[:-1, None].to(torch.int64) + torch.arange(max_pages)[None, :]
-        pos = torch.minimum(pos, (kvp[1:, None].to(torch.int64) - 1).clamp(min=0))
-        pos = pos.clamp(max=max(indices.numel() - 1, 0))
-        table = indices[pos.to(self.device)] if indices.numel() else torch.zeros(
-            bs, max_pages, dtype=torch.int32, device=self.device)
-        self._r2t = block_table_to_req_to_token(table, P)
+        if bs and int(kvp[-1]) > indices.numel():
+            raise ValueError(f"kv_indices: {indices.numel()} page ids, kv_indptr[-1] = "
+                             f"{int(kvp[-1])}")
+        # Page j of request b is kv_indices[kv_indptr[b] + j]: the flat list is the op's block
+        # table and kv_indptr[b] the row of request b (read in place, kept alive until run).
+        self._kv_indices = indices
         total_q = int(qo[-1])
         max_q = max(int(q_lens.max()) if bs else 1, 1)
         p = self._plan
@@ -101,7 +99,7 @@ class BatchMLAPagedAttentionWrapper:
             p = AbsorbedPlan(self.device, num_heads, P, causal=causal, max_batch=max(bs, 1),
                              max_q_tokens=max(total_q, 1), max_q_len=max_q)
             self._plan = p
-        p.plan(torch.arange(bs, dtype=torch.int32), q_lens, kv_len)
+        p.plan(kvp[:-1], q_lens, kv_len)
         self._sm_scale = float(sm_scale)
         self._tokens = total_q
         self._num_heads = int(num_heads)
@@ -133,7 +131,8 @@ class BatchMLAPagedAttentionWrapper:
             out = torch.empty(T, H, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
         if lse is None:
             lse = torch.empty(T, H, dtype=torch.float32, device=q_nope.device)
-        self._plan.run(q, cache, self._r2t, out, lse, self._sm_scale, k_scale)
+        self._plan.run(q, cache, None, out, lse, self._sm_scale, k_scale,
+                       block_table=self._kv_indices)
         if not return_lse:
             return out
         if not return_lse_base_on_e:

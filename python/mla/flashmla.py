@@ -9,8 +9,9 @@ Same argument names, layouts and results as FlashMLA, any page size (1, 16, 32, 
 Differences, by design: our plan is built on the host, so get_mla_metadata copies
 cache_seqlens to the host (it waits for a device tensor) and returns a metadata object that
 holds the plans; num_splits is returned for argument compatibility and not read. The block
-table is expanded into SGLang's token-level table on every call (a copy of b x max_blocks x
-page_size int32 on the device); the latent cache itself is read in place.
+table and the latent cache are read in place (no copy). A page id past the cache raises on cpu
+tensors; on cuda tensors it is not checked (that would need a device sync per call) and its keys
+read as zeros.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .ops import LATENT_DIM, KV_LORA_RANK, AbsorbedPlan, block_table_to_req_to_token
+from .ops import LATENT_DIM, KV_LORA_RANK, AbsorbedPlan
 
 
 class MlaMetadata:
@@ -80,16 +81,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         raise ValueError(f"tile_scheduler_metadata: planned for batch "
                          f"{tile_scheduler_metadata.cache_seqlens.numel()}, q has batch {b}")
     page_size = k_cache.shape[1]
-    if block_table.device.type == "cpu" and block_table.numel():
-        worst = int(block_table.max())
-        if worst >= k_cache.shape[0] or int(block_table.min()) < 0:
-            raise ValueError(f"block_table: page id {worst if worst >= k_cache.shape[0] else int(block_table.min())} "
-                             f"out of range [0, {k_cache.shape[0]})")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(LATENT_DIM)
     plan = tile_scheduler_metadata.plan_for(q.device, s_q, h, page_size, causal)
-    r2t = block_table_to_req_to_token(block_table, page_size)
     out = torch.empty(b, s_q, h, KV_LORA_RANK, dtype=q.dtype, device=q.device)
     lse = torch.empty(b * s_q, h, dtype=torch.float32, device=q.device)
-    plan.run(q.reshape(b * s_q, h, LATENT_DIM), k_cache.view(-1, LATENT_DIM), r2t,
-             out.view(b * s_q, h, KV_LORA_RANK), lse, scale, k_scale)
+    plan.run(q.reshape(b * s_q, h, LATENT_DIM), k_cache.view(-1, LATENT_DIM), None,
+             out.view(b * s_q, h, KV_LORA_RANK), lse, scale, k_scale, block_table=block_table)
     return out, lse.view(b, s_q, h).transpose(1, 2).contiguous()

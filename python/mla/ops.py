@@ -87,9 +87,14 @@ class _Staging:
 class AbsorbedPlan:
     """Absorbed (MQA) paged attention over the latent cache: plan once per batch, run per layer.
 
-    q [T, H, 576] bf16, kv_cache [slots, 576] bf16 or float8_e4m3fn, req_to_token int32
-    [rows, cols] (SGLang's token-level table: slot of token i of row r is
-    req_to_token[r, (i // P) * P] + i % P), o [T, H, 512] bf16, lse [T, H] float32 natural log.
+    q [T, H, 576] bf16, kv_cache [slots, 576] bf16 or float8_e4m3fn, o [T, H, 512] bf16,
+    lse [T, H] float32 natural log. The page table, read in place in either form (rows are the
+    planned req_rows):
+      req_to_token int32 [rows, cols]: SGLang's token-level table, slot of token i of row r is
+        req_to_token[r, (i // P) * P] + i % P;
+      block_table int32 [rows, max_blocks]: page ids (FlashMLA, vLLM), slot of token i of row r
+        is block_table[r, i // P] * P + i % P; or int32 [num_pages] flat, where row r starts at
+        element r (FlashInfer's kv_indices, planned with req_rows = kv_indptr[:-1]).
     Causal is bottom-right aligned. Buffers are sized for the capacity given here.
     """
 
@@ -128,15 +133,17 @@ class AbsorbedPlan:
         self.planned = True
         return self
 
-    def run(self, q, kv_cache, req_to_token, o, lse, sm_scale: float, k_scale: float = 1.0):
-        """Writes o and lse (natural log) for the batch last planned; allocates nothing."""
+    def run(self, q, kv_cache, req_to_token, o, lse, sm_scale: float, k_scale: float = 1.0, *,
+            block_table=None):
+        """Writes o and lse (natural log) for the batch last planned; allocates nothing.
+        Pass the page table as req_to_token, or as block_table with req_to_token=None."""
         if not self.planned:
             raise RuntimeError("AbsorbedPlan.run: plan() was not called")
         if q.dim() != 3 or q.shape[1] != self.num_heads:
             raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
                              f"[tokens, {self.num_heads}, 576]")
         ops.absorbed_run(q, kv_cache, req_to_token, self._staging.plan, self.workspace, o, lse,
-                         float(sm_scale), float(k_scale))
+                         float(sm_scale), float(k_scale), block_table)
         return o, lse
 
 
@@ -217,18 +224,3 @@ def up_project(kv_cache, slots, kv_b_proj, k, v, workspace: Optional[torch.Tenso
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=kv_cache.device)
     ops.up_project(kv_cache, slots, kv_b_proj, workspace, k, v, float(k_scale))
     return k, v
-
-
-def block_table_to_req_to_token(block_table: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Token-level table of a block table of page ids [batch, max_blocks]: row b, column i holds
-    block_table[b, i // P] * P + i % P. This is a copy (batch x max_blocks x P int32): the
-    absorbed kernels read SGLang's token-level form."""
-    if block_table.dim() != 2 or block_table.dtype != torch.int32:
-        raise ValueError(f"block_table: expected int32 [batch, max_blocks], got "
-                         f"{block_table.dtype} {tuple(block_table.shape)}")
-    P = int(page_size)
-    base = (block_table * P).repeat_interleave(P, dim=1)
-    if P > 1:
-        base += torch.arange(P, dtype=torch.int32, device=block_table.device).repeat(
-            block_table.shape[1])
-    return base

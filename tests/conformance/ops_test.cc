@@ -197,6 +197,90 @@ TEST(CpuAbsorbed, RunRejectsBadArgumentsAndSmallWorkspace) {
   EXPECT_NE(s.message().find("outside kv_cache"), std::string::npos) << s.message();
 }
 
+TEST(CpuAbsorbed, BlockTableEqualsReqToTokenBitwise) {
+  // The block-table form of the same pages is read in place and gives the same bits.
+  AbsorbedFixture f({1, 3, 2}, {20, 40, 17}, DType::kBF16, 1.0f, 21);
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(1.0f), {}).ok());
+  const auto o_tokens = bits_of(f.o);
+  const auto lse_tokens = f.lse;
+  std::fill(f.o.begin(), f.o.end(), bf16{0xFFFF});
+  AbsorbedArgs a = f.args(1.0f);
+  a.req_to_token = {};
+  a.block_table = TensorView(f.layout.block_table.data(), DType::kI32, kCpu,
+                             {f.layout.num_rows, f.layout.max_blocks});
+  ASSERT_TRUE(cpu_ops().absorbed->run(a, {}).ok());
+  EXPECT_EQ(bits_of(f.o), o_tokens);
+  EXPECT_EQ(std::memcmp(f.lse.data(), lse_tokens.data(), f.lse.size() * 4), 0);
+}
+
+TEST(CpuAbsorbed, FlatPageListWithOffsetsEqualsReqToTokenBitwise) {
+  // FlashInfer's form: one flat page list, request b's pages from offset kv_indptr[b], given as
+  // a 1-D block table with the offsets as the plan's rows (no table is built).
+  AbsorbedFixture f({2, 1, 3}, {40, 16, 70}, DType::kBF16, 1.0f, 23);
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(1.0f), {}).ok());
+  const auto o_tokens = bits_of(f.o);
+  const auto lse_tokens = f.lse;
+  std::vector<int32_t> pages = {7777};  // an unused leading entry: offsets start at 1
+  std::vector<int32_t> offsets;
+  for (std::size_t b = 0; b < f.kv_lens.size(); ++b) {
+    offsets.push_back(static_cast<int32_t>(pages.size()));
+    const int32_t* row = f.layout.block_table.data() + f.layout.req_rows[b] * f.layout.max_blocks;
+    for (int j = 0; j < (f.kv_lens[b] + 15) / 16; ++j) pages.push_back(row[j]);
+  }
+  AbsorbedProblem p;
+  p.num_heads = f.heads;
+  p.page_size = 16;
+  p.req_rows = offsets;
+  p.q_lens = f.q_lens;
+  p.kv_lens = f.kv_lens;
+  ASSERT_TRUE(cpu_ops().absorbed->plan(p, f.cap, f.plan).ok());
+  std::fill(f.o.begin(), f.o.end(), bf16{0xFFFF});
+  AbsorbedArgs a = f.args(1.0f);
+  a.req_to_token = {};
+  a.block_table = TensorView(pages.data(), DType::kI32, kCpu, {static_cast<int64_t>(pages.size())});
+  ASSERT_TRUE(cpu_ops().absorbed->run(a, {}).ok());
+  EXPECT_EQ(bits_of(f.o), o_tokens);
+  EXPECT_EQ(std::memcmp(f.lse.data(), lse_tokens.data(), f.lse.size() * 4), 0);
+  // A list too short for the last request's pages is named, nothing read past its end.
+  a.block_table.shape[0] -= 1;
+  const Status s = cpu_ops().absorbed->run(a, {});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("exceeds the 64 keys block_table row 5 holds"), std::string::npos)
+      << s.message();
+}
+
+TEST(CpuAbsorbed, BlockTableBadInputNamesTheFieldAndWritesNothing) {
+  AbsorbedFixture f({1, 2}, {20, 33}, DType::kBF16, 1.0f, 22);
+  const auto& op = *cpu_ops().absorbed;
+  const auto o_before = bits_of(f.o);
+  const TensorView blocks(f.layout.block_table.data(), DType::kI32, kCpu,
+                          {f.layout.num_rows, f.layout.max_blocks});
+  auto expect_error = [&](const AbsorbedArgs& a, std::string_view words) {
+    const Status s = op.run(a, {});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(words), std::string::npos) << s.message();
+    EXPECT_EQ(bits_of(f.o), o_before);
+  };
+  AbsorbedArgs both = f.args(1.0f);
+  both.block_table = blocks;
+  expect_error(both, "exactly one of req_to_token");
+  AbsorbedArgs neither = f.args(1.0f);
+  neither.req_to_token = {};
+  expect_error(neither, "exactly one of req_to_token");
+  AbsorbedArgs a = f.args(1.0f);
+  a.req_to_token = {};
+  a.block_table = blocks;
+  a.block_table.dtype = DType::kF32;
+  expect_error(a, "block_table: expected i32");
+  a.block_table = TensorView(f.layout.block_table.data(), DType::kI32, kCpu,
+                             {f.layout.num_rows, 1});  // too few blocks for 33 keys of page 16
+  expect_error(a, "block_table row");
+  // A page id past the cache: named, and nothing written.
+  a.block_table = blocks;
+  f.layout.block_table[f.layout.req_rows[1] * f.layout.max_blocks + 2] = 1 << 24;
+  expect_error(a, "block_table: slot 268435456 of token 32");
+}
+
 TEST(CpuMerge, EdgeCases) {
   // Rows: (a only), (b only), (neither), (both equal lse).
   const int rows = 4, dim = 3;

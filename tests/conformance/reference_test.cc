@@ -76,6 +76,14 @@ TEST(Reference, AbsorbedPagedEqualsDenseMqa) {
       p.q_lens = q_lens;
       p.kv_lens = kv_lens;
       RefAttention paged = reference_absorbed(p, q, cache.stored);
+      // The block-table form of the same pages gives the same result, to the bit.
+      AbsorbedRefProblem pb = p;
+      pb.req_to_token = {};
+      pb.block_table = layout.block_table;
+      pb.row_stride = layout.max_blocks;
+      RefAttention blocks = reference_absorbed(pb, q, cache.stored);
+      EXPECT_EQ(blocks.o, paged.o) << "page " << page;
+      EXPECT_EQ(blocks.lse, paged.lse) << "page " << page;
       int64_t q0 = 0;
       for (int b = 0; b < 3; ++b) {
         // Gather this request's rows by walking pages by hand, dequantise, run dense MQA.

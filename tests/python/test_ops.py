@@ -44,6 +44,64 @@ def test_absorbed_matches_oracle(device, page_size, cache_dtype, layout, heads, 
     assert oracle.lse_close(lse, ref_lse) < 1e-2
 
 
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_absorbed_block_table_forms_read_in_place(device, page_size, layout):
+    """The block table [batch, max_blocks] and FlashInfer's flat page list (rows = offsets) give
+    the bits of the token-level run, and match the oracle gathering by block table."""
+    heads = 128 if page_size >= 64 else 16
+    q_lens = [1, 3, 2]
+    kv_lens = [5, 2 * page_size + 3, page_size + 2]
+    case = PagedCase(page_size=page_size, kv_lens=kv_lens, q_lens=q_lens, heads=heads,
+                     layout=layout, cache_dtype=torch.bfloat16, seed=page_size + 97).to(device)
+    T, bs = sum(q_lens), len(kv_lens)
+    plan = ops.AbsorbedPlan(device, heads, page_size, max_batch=bs, max_q_tokens=T, max_q_len=4)
+
+    def run(rows, **table):
+        plan.plan(rows, q_lens, kv_lens)
+        o = torch.full((T, heads, 512), float("nan"), dtype=torch.bfloat16, device=device)
+        lse = torch.full((T, heads), float("nan"), dtype=torch.float32, device=device)
+        plan.run(case.q, case.cache, table.pop("req_to_token", None), o, lse, case.sm_scale,
+                 **table)
+        return o, lse
+
+    o_tok, lse_tok = run(case.rows, req_to_token=case.req_to_token)
+    o_blk, lse_blk = run(torch.arange(bs, dtype=torch.int32), block_table=case.block_table)
+    flat = [7] + [p for ps in case.pages for p in ps]  # a leading entry no request uses
+    offsets = [1 + sum(len(ps) for ps in case.pages[:b]) for b in range(bs)]
+    kv_indices = torch.tensor(flat, dtype=torch.int32, device=device)
+    o_flat, lse_flat = run(offsets, block_table=kv_indices)
+    for o, lse in ((o_blk, lse_blk), (o_flat, lse_flat)):
+        assert torch.equal(o.view(torch.int16), o_tok.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), lse_tok.view(torch.int32))
+    slots = [oracle.slots_from_block_table(case.block_table.cpu(), b, kv_lens[b], page_size)
+             for b in range(bs)]
+    ref_o, ref_lse = oracle.absorbed(case.q, case.cache, slots, q_lens, case.sm_scale, True)
+    assert oracle.rel_err(o_blk, ref_o) < 1e-2
+    assert oracle.lse_close(lse_blk, ref_lse) < 1e-2
+
+
+def test_absorbed_page_table_arguments(device):
+    case = PagedCase(page_size=16, kv_lens=[20, 9], q_lens=[1, 1], heads=16,
+                     layout="shuffled", seed=4).to(device)
+    plan = ops.AbsorbedPlan(device, 16, 16, max_batch=2, max_q_tokens=2)
+    plan.plan([0, 1], [1, 1], [20, 9])
+    o = torch.zeros(2, 16, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.zeros(2, 16, dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match="exactly one of req_to_token"):
+        plan.run(case.q, case.cache, case.req_to_token, o, lse, case.sm_scale,
+                 block_table=case.block_table)
+    with pytest.raises(ValueError, match="exactly one of req_to_token"):
+        plan.run(case.q, case.cache, None, o, lse, case.sm_scale)
+    with pytest.raises(ValueError, match=r"block_table: expected i32"):
+        plan.run(case.q, case.cache, None, o, lse, case.sm_scale,
+                 block_table=case.block_table.float())
+    with pytest.raises(ValueError, match=r"block_table: column stride 2"):
+        wide = torch.zeros(2, 4, dtype=torch.int32, device=device)
+        plan.run(case.q, case.cache, None, o, lse, case.sm_scale, block_table=wide[:, ::2])
+    assert float(o.float().abs().max()) == 0.0
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_absorbed_kv_len_zero_and_replan(device, causal):
     heads, P = 16, 16

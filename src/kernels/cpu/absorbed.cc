@@ -177,9 +177,7 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     MLA_RETURN_IF_ERROR(
         expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, kLatent}, dev, false));
     MLA_RETURN_IF_ERROR(expect_inner_dense(a.kv_cache, "kv_cache"));
-    MLA_RETURN_IF_ERROR(
-        expect_tensor(a.req_to_token, "req_to_token", DType::kI32, {-1, -1}, dev, false));
-    MLA_RETURN_IF_ERROR(expect_inner_dense(a.req_to_token, "req_to_token"));
+    MLA_ASSIGN_OR_RETURN(const PageTable table, absorbed_page_table(a, dev));
     MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {-1, hc, kRank}, dev, false));
     MLA_CHECK_ARG(a.o.shape[0] >= t, "o: {} rows, plan has {} query tokens", a.o.shape[0], t);
     MLA_RETURN_IF_ERROR(expect_inner_dense(a.o, "o"));
@@ -196,20 +194,21 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
 
     // Every slot the plan reads must be inside the cache.
     const int64_t num_slots = a.kv_cache.shape[0];
-    const int64_t r2t_rows = a.req_to_token.shape[0], r2t_cols = a.req_to_token.shape[1];
-    const int32_t* r2t = a.req_to_token.ptr<int32_t>();
-    const int64_t r2t_stride = a.req_to_token.stride[0];
+    const int page_size = h.page_size;
     for (int b = 0; b < bs; ++b) {
       const int32_t row = pv.req_rows[b];
-      MLA_CHECK_ARG(row >= 0 && row < r2t_rows,
-                    "req_rows[{}] = {} outside req_to_token rows [0, {})", b, row, r2t_rows);
-      MLA_CHECK_ARG(pv.kv_lens[b] <= r2t_cols, "kv_lens[{}] = {} exceeds req_to_token columns {}",
-                    b, pv.kv_lens[b], r2t_cols);
+      // A request without keys reads no entry (a flat page list's offset may be its end).
+      MLA_CHECK_ARG(row >= 0 && (row < table.rows || pv.kv_lens[b] == 0),
+                    "req_rows[{}] = {} outside {} rows [0, {})", b, row, table.name, table.rows);
+      MLA_CHECK_ARG(pv.kv_lens[b] <= table.max_keys(row, page_size),
+                    "kv_lens[{}] = {} exceeds the {} keys {} row {} holds (page_size {})", b,
+                    pv.kv_lens[b], table.max_keys(row, page_size), table.name, row, page_size);
       for (int64_t i = 0; i < pv.kv_lens[b]; ++i) {
-        const int64_t slot = slot_of_token(r2t, r2t_stride, row, i, h.page_size);
+        const int64_t slot = table.slot(row, i, page_size);
         MLA_CHECK_ARG(slot >= 0 && slot < num_slots,
-                      "slot {} of token {} of request {} (row {}) outside kv_cache slots [0, {})",
-                      slot, i, b, row, num_slots);
+                      "{}: slot {} of token {} of request {} (row {}) outside kv_cache slots "
+                      "[0, {})",
+                      table.name, slot, i, b, row, num_slots);
       }
     }
 
@@ -287,8 +286,7 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
         for (int k0 = 0; k0 < kv_end; k0 += kKeyBlock) {
           const int nk = std::min(kKeyBlock, kv_end - k0);
           for (int i = 0; i < nk; ++i) {
-            const int64_t slot =
-                slot_of_token(r2t, r2t_stride, pv.req_rows[b], k0 + i, h.page_size);
+            const int64_t slot = table.slot(pv.req_rows[b], k0 + i, page_size);
             cache_row_to_float(a.kv_cache.data, cdt, slot, cache_stride, kLatent, lut.data(),
                                s.kv + static_cast<int64_t>(i) * kLatent);
           }

@@ -68,10 +68,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     MLA_ASSIGN_OR_RETURN(const absorbed::KernelChoice choice,
                          absorbed::choose_kernel(static_cast<int>(heads), 1, 1, a.kv_cache.dtype));
     MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, 576}, dev));
-    MLA_RETURN_IF_ERROR(
-        expect_tensor(a.req_to_token, "req_to_token", DType::kI32, {-1, -1}, dev, false));
-    MLA_CHECK_ARG(a.req_to_token.stride[1] == 1, "req_to_token: column stride {} must be 1",
-                  a.req_to_token.stride[1]);
+    MLA_ASSIGN_OR_RETURN(const PageTable table, absorbed_page_table(a, dev));
     MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {tokens, heads, 512}, dev));
     MLA_RETURN_IF_ERROR(expect_tensor(a.lse, "lse", DType::kF32, {tokens, heads}, dev));
     MLA_CHECK_ARG(a.plan != nullptr, "plan: null (upload plan() output first)");
@@ -85,8 +82,10 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.q = a.q.ptr<const uint16_t>();
     p.kv_cache = fp8 ? nullptr : a.kv_cache.ptr<const uint16_t>();
     p.kv_cache_fp8 = fp8 ? a.kv_cache.ptr<const unsigned char>() : nullptr;
-    p.req_to_token = a.req_to_token.ptr<const int32_t>();
-    p.req_to_token_stride = a.req_to_token.stride[0];
+    p.req_to_token = table.data;
+    p.req_to_token_stride = table.row_stride;
+    p.page_table_blocks = table.block ? 1 : 0;
+    p.num_slots = a.kv_cache.shape[0];
     p.o = a.o.ptr<uint16_t>();
     p.lse = a.lse.ptr<float>();
     // Partial slots: the grid's (as planned without batch invariance), or as many as the

@@ -62,10 +62,14 @@ static_assert(sizeof(CombineUnit) == 16);
 // Kernel arguments (by value). bf16 pointers are typed as uint16_t storage here so this header
 // needs no CUDA types.
 struct AbsorbedParams {
-  const uint16_t* q;            // bf16 [T, H, 576] contiguous
-  const uint16_t* kv_cache;     // bf16 [num_slots, 576]
+  const uint16_t* q;         // bf16 [T, H, 576] contiguous
+  const uint16_t* kv_cache;  // bf16 [num_slots, 576]
+  // The page table, either form (slots.cuh reads it): token-level req_to_token, or a block
+  // table of page ids when page_table_blocks is 1.
   const int32_t* req_to_token;  // i32 [rows, req_to_token_stride]
   int64_t req_to_token_stride;  // elements between rows of req_to_token
+  int32_t page_table_blocks;    // 1: req_to_token holds page ids [rows, max_blocks]
+  int64_t num_slots;            // rows of the cache: a slot outside [0, num_slots) reads zeros
   uint16_t* o;                  // bf16 [T, H, 512]
   float* lse;                   // f32 [T, H]
   float* partial_o;             // f32 [max_partials, 64, 512] (workspace)

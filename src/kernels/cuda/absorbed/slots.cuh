@@ -1,7 +1,11 @@
-// The cache slot of a key (the one slot lookup of the absorbed kernels): req_to_token row
-// pool_row lists a slot per key (page 1) or the first slot of each page at the page's first
-// key (pages of P keys hold consecutive slots), as mla::paged_slot (include/mla/ops.h) on the
-// host.
+// The cache slot of a key (the one slot lookup of the absorbed kernels), from either page-table
+// form: req_to_token row pool_row lists a slot per key (page 1) or the first slot of each page at
+// the page's first key (pages of P keys hold consecutive slots), as mla::slot_of_token
+// (include/mla/ops.h) on the host; a block table row lists the page id of each P keys, as
+// mla::slot_of_block. The TMA loads (pages of 64 and more) take the slot of a box's first key
+// from here too, so either form serves both load paths. A slot outside the cache is never read:
+// it is reported as kSlotOutside (the op checks no device table: that would need a sync; see
+// docs/design-decisions.md).
 #pragma once
 
 #include <cstdint>
@@ -10,13 +14,26 @@
 
 namespace mla::cuda::absorbed {
 
-// Slot of `key` of request row pool_row; -1 at or past kv_end (callers zero-fill such rows).
+// An entry of the page table pointing outside the cache: negative, so the cp.async path
+// zero-fills the row, and so far below row 0 that a TMA box starting there lies wholly outside
+// the tensor map (the copy engine fills zeros).
+inline constexpr int32_t kSlotOutside = -(1 << 30);
+
+// Slot of `key` of request row pool_row; -1 at or past kv_end (callers zero-fill such rows),
+// kSlotOutside when the table points outside the cache.
 __device__ __forceinline__ int32_t slot_of(const AbsorbedParams& p, int pool_row, int kv_end,
                                            int key, int page_size) {
   if (key >= kv_end) return -1;
   const int32_t* row = p.req_to_token + static_cast<int64_t>(pool_row) * p.req_to_token_stride;
-  if (page_size == 1) return row[key];
-  return row[(key / page_size) * page_size] + key % page_size;
+  int64_t slot;
+  if (page_size == 1) {
+    slot = row[key];
+  } else if (p.page_table_blocks) {
+    slot = static_cast<int64_t>(row[key / page_size]) * page_size + key % page_size;
+  } else {
+    slot = static_cast<int64_t>(row[(key / page_size) * page_size]) + key % page_size;
+  }
+  return slot >= 0 && slot < p.num_slots ? static_cast<int32_t>(slot) : kSlotOutside;
 }
 
 }  // namespace mla::cuda::absorbed
