@@ -130,18 +130,29 @@ class AbsorbedPlan:
                           self.page_size, self.causal, self.max_batch, self.max_q_tokens,
                           self.max_q_len)
         self._staging.uploaded(i)
+        self._rows, self._kv_lens = rows, kl  # for check_pages (references, no copy)
         self.planned = True
         return self
 
     def run(self, q, kv_cache, req_to_token, o, lse, sm_scale: float, k_scale: float = 1.0, *,
-            block_table=None):
+            block_table=None, check_pages: bool = False):
         """Writes o and lse (natural log) for the batch last planned; allocates nothing.
-        Pass the page table as req_to_token, or as block_table with req_to_token=None."""
+        Pass the page table as req_to_token, or as block_table with req_to_token=None.
+
+        check_pages: first check every table entry the plan reads against the cache and raise
+        ValueError (naming the table, request, key and slot; nothing written) when one points
+        outside it. The cpu op always checks. On cuda this reads the table back: a device sync
+        and a few small allocations per call, so it is off by default and not allowed under
+        graph capture; unchecked, a slot outside the cache reads as zeros (never out of bounds).
+        """
         if not self.planned:
             raise RuntimeError("AbsorbedPlan.run: plan() was not called")
         if q.dim() != 3 or q.shape[1] != self.num_heads:
             raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
                              f"[tokens, {self.num_heads}, 576]")
+        if check_pages:
+            check_page_table(req_to_token, block_table, self._rows, self._kv_lens,
+                             self.page_size, kv_cache.shape[0])
         ops.absorbed_run(q, kv_cache, req_to_token, self._staging.plan, self.workspace, o, lse,
                          float(sm_scale), float(k_scale), block_table)
         return o, lse
@@ -224,3 +235,56 @@ def up_project(kv_cache, slots, kv_b_proj, k, v, workspace: Optional[torch.Tenso
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=kv_cache.device)
     ops.up_project(kv_cache, slots, kv_b_proj, workspace, k, v, float(k_scale))
     return k, v
+
+
+def check_page_table(req_to_token, block_table, req_rows, kv_lens, page_size: int,
+                     num_slots: int) -> None:
+    """Raises ValueError when an entry of the page table that a plan of (req_rows, kv_lens) reads
+    points outside a cache of num_slots rows, or lies outside the table. Either form of
+    AbsorbedPlan.run (req_to_token, or block_table [rows, max_blocks] / flat). Reads the table
+    (a device sync for a cuda table); the indices are built on the host."""
+    if (req_to_token is None) == (block_table is None):
+        raise ValueError("page table: pass exactly one of req_to_token and block_table")
+    name = "block_table" if block_table is not None else "req_to_token"
+    table = block_table if block_table is not None else req_to_token
+    P = int(page_size)
+    rows = _host_i32(req_rows, "req_rows").long()
+    kv = _host_i32(kv_lens, "kv_lens").long()
+    pages = (kv + P - 1) // P
+    n = int(pages.sum())
+    if n == 0:
+        return
+    req = torch.repeat_interleave(torch.arange(kv.numel()), pages)
+    page = torch.arange(n) - torch.repeat_interleave(torch.cumsum(pages, 0) - pages, pages)
+    keys = torch.clamp(kv[req] - page * P, max=P)  # keys of the request in that page
+    row = rows[req]
+    flat = block_table is not None and table.dim() == 1
+    # Positions first (on the host: an index outside the table must not reach the device).
+    if flat:
+        pos, extent = row + page, table.shape[0]
+    else:
+        col = page if block_table is not None else page * P
+        pos, extent = col, table.shape[1]
+        bad_row = (row < 0) | (row >= table.shape[0])
+        if bool(bad_row.any()):
+            i = int(bad_row.nonzero()[0, 0])
+            raise ValueError(f"{name}: request {int(req[i])} has row {int(row[i])}, outside the "
+                             f"table's {table.shape[0]} rows")
+    bad_pos = (pos < 0) | (pos >= extent)
+    if bool(bad_pos.any()):
+        i = int(bad_pos.nonzero()[0, 0])
+        raise ValueError(f"{name}: request {int(req[i])} (row {int(row[i])}) needs entry "
+                         f"{int(pos[i])} for key {int(page[i]) * P}, past the table's {extent}")
+    dev = table.device
+    entries = (table[pos.to(dev)] if flat else table[row.to(dev), pos.to(dev)]).long()
+    first = entries * P if block_table is not None else entries
+    keys_d = keys.to(dev)
+    bad = (first < 0) | (first + keys_d > int(num_slots))
+    if bool(bad.any()):  # the one device sync
+        i = int(bad.nonzero()[0, 0])
+        what = (f"page id {int(entries[i])} (slot {int(first[i])})" if block_table is not None
+                else f"slot {int(entries[i])}")
+        raise ValueError(f"{name}: {what} for key "
+                         f"{int(page[i]) * P} of request {int(req[i])} (row {int(row[i])}) is "
+                         f"outside kv_cache slots [0, {int(num_slots)})")
+

@@ -127,7 +127,7 @@ def test_bad_inputs_raise_and_write_nothing(device):
     case, plan, good, cases = _bad_cases(device)
     for name, override, excs, words in cases:
         if name == "out-of-range page" and device.type == "cuda":
-            continue  # the kernels do not check slots (no device sync); see README
+            continue  # the raw cuda op checks no device table (a sync): test_page_checks_*
         args = dict(good, **override)
         o_before, lse_before = args["o"].clone(), args["lse"].clone()
         with pytest.raises(excs) as info:
@@ -139,6 +139,67 @@ def test_bad_inputs_raise_and_write_nothing(device):
             assert w in msg, f"{name}: '{w}' not in: {msg}"
         assert torch.equal(args["o"], o_before), name
         assert torch.equal(args["lse"], lse_before), name
+
+
+def _page_check_case(device, form):
+    """A planned batch, its page table in `form`, one entry pointing past the cache."""
+    P = 16
+    case = PagedCase(page_size=P, kv_lens=[20, 40], q_lens=[1, 1], heads=16, layout="shuffled",
+                     seed=8).to(device)
+    plan = ops.AbsorbedPlan(device, 16, P, max_batch=2, max_q_tokens=2)
+    pages_total = case.cache.shape[0] // P
+    if form == "req_to_token":
+        plan.plan(case.rows, [1, 1], case.kv_lens)
+        table = case.req_to_token.clone()
+        table[case.rows[1], 2 * P] = case.cache.shape[0] - 3  # a page whose tail is past the end
+        kwargs = dict(req_to_token=table)
+        words = ["req_to_token", f"slot {case.cache.shape[0] - 3}", "key 32 of request 1"]
+    elif form == "block_table":
+        plan.plan([0, 1], [1, 1], case.kv_lens)
+        table = case.block_table.clone()
+        table[1, 2] = pages_total + 1000
+        kwargs = dict(block_table=table)
+        words = ["block_table", f"page id {pages_total + 1000}", "key 32 of request 1"]
+    else:  # flat page list, rows = offsets
+        flat = [p for ps in case.pages for p in ps]
+        flat[0] = -2
+        plan.plan([0, len(case.pages[0])], [1, 1], case.kv_lens)
+        kwargs = dict(block_table=torch.tensor(flat, dtype=torch.int32, device=device))
+        words = ["block_table", "page id -2", "key 0 of request 0"]
+    o = torch.full((2, 16, 512), 7.0, dtype=torch.bfloat16, device=device)
+    lse = torch.full((2, 16), 7.0, dtype=torch.float32, device=device)
+    return case, plan, kwargs, words, o, lse
+
+
+def _expect_page_error(case, plan, kwargs, words, o, lse, check):
+    o0, lse0 = o.clone(), lse.clone()
+    with pytest.raises((ValueError, RuntimeError)) as info:
+        plan.run(case.q, case.cache, kwargs.get("req_to_token"), o, lse, case.sm_scale,
+                 block_table=kwargs.get("block_table"), check_pages=check)
+    for w in words:
+        assert w in str(info.value), f"'{w}' not in: {info.value}"
+    assert "kv_cache" in str(info.value)
+    assert torch.equal(o, o0) and torch.equal(lse, lse0), "a rejected call wrote its outputs"
+
+
+@pytest.mark.parametrize("form", ["req_to_token", "block_table", "flat"])
+def test_page_checks_name_the_table_and_write_nothing(device, form):
+    """check_pages=True (any device): the entry past the cache is named, nothing written."""
+    _expect_page_error(*_page_check_case(device, form), check=True)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and mla.has_cuda_ops()),
+                    reason="needs a CUDA device and the cuda op set")
+@pytest.mark.parametrize("form", ["req_to_token", "block_table", "flat"])
+def test_page_checks_on_cuda_tensors(form):
+    """On cuda tensors: checked (one sync) it raises and writes nothing; unchecked the kernel
+    never reads outside the cache (its keys read as zeros) and the context stays usable."""
+    case, plan, kwargs, words, o, lse = _page_check_case(torch.device("cuda"), form)
+    _expect_page_error(case, plan, kwargs, words, o, lse, check=True)
+    plan.run(case.q, case.cache, kwargs.get("req_to_token"), o, lse, case.sm_scale,
+             block_table=kwargs.get("block_table"))
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(lse).all())
 
 
 def test_plan_bad_inputs(device):
