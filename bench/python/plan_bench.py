@@ -1,8 +1,11 @@
 """Host time of planning a batch-256 decode from Python (a benchmark, not a test).
 
 Measures, per call, the median wall time of
-  op:    torch.ops.mla.absorbed_plan on host int32 tensors (plan into pinned staging + async upload)
-  plan:  mla.ops.AbsorbedPlan.plan from host tensors (the above + staging turn + event record)
+  op:    torch.ops.mla.absorbed_plan on host int32 tensors: the host planner writes into the op
+         library's pinned staging ring (waiting on the buffer's event first), the upload is
+         enqueued on the current stream and the buffer's event recorded after it (cuda); on the
+         cpu the planner writes straight into the plan tensor
+  plan:  mla.ops.AbsorbedPlan.plan from host tensors (the above + the Python wrapper)
 Prints JSON lines (one per measurement) in the bench/results/h200.jsonl row format.
 Usage: python plan_bench.py [--device cuda] [--heads 128] [--page-size 64] [--commit X]
 """
@@ -44,10 +47,10 @@ def main():
     q_lens = torch.ones(bs, dtype=torch.int32)
     kv_lens = torch.randint(1, 4096, (bs,), generator=g, dtype=torch.int32)
     plan = ops.AbsorbedPlan(dev, args.heads, args.page_size, max_batch=bs, max_q_tokens=bs)
-    staging = torch.empty(plan.plan_bytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+    handle = plan._staging.handle
 
     def op_call():
-        torch.ops.mla.absorbed_plan(rows, q_lens, kv_lens, staging, plan.plan_tensor,
+        torch.ops.mla.absorbed_plan(rows, q_lens, kv_lens, handle, plan.plan_tensor,
                                     args.heads, args.page_size, True, bs, bs, 1)
 
     def plan_call():

@@ -1,18 +1,22 @@
 // The torch custom ops of the Python package (namespace torch.ops.mla). Every op writes into
 // tensors the caller passes and allocates nothing; attention ops split into a host plan (into
-// staging bytes, then uploaded on the current stream) and a run that reads the plan. Arguments
+// pinned staging, then uploaded on the current stream) and a run that reads the plan. Arguments
 // are checked here and by the library's ops before anything is written; a rejected call raises
 // ValueError (argument errors) or RuntimeError and leaves every output untouched.
 // Fake (meta) implementations live in python/mla/_ops.py.
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "mla/memory.h"
 #include "mla/ops.h"
+#include "mla/upload_staging.h"
 #include "torch_args.h"
 
 namespace mla::torch_ops {
@@ -31,32 +35,101 @@ void check_bytes_tensor(const at::Tensor& t, std::string_view name, std::string_
                     t.strides());
 }
 
-// Plans on the host into `staging` (cpu) or straight into `plan` (when plan is on the cpu), then
-// uploads the used bytes into `plan` on torch's current stream. Nothing is written on error.
+// ---- plan staging: the pinned ring a plan holder uploads through ----
+// One UploadStaging (two pinned buffers used in turn, an event recorded after each plan's upload
+// and waited on before the buffer is written again) per plan holder, named by an int handle
+// (the op schema carries no C++ object). Handles are checked against the live set, so a stale
+// or made-up handle raises instead of being dereferenced.
+struct PlanStaging {
+  PlanStaging(Device d, std::string name) : device(d), ring(std::move(name), "python", d) {}
+  Device device;
+  UploadStaging ring;
+};
+
+std::mutex& staging_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<int64_t, std::unique_ptr<PlanStaging>>& staging_table() {
+  static auto* t = new std::unordered_map<int64_t, std::unique_ptr<PlanStaging>>();
+  return *t;  // leaked on purpose: handles may be freed from Python finalizers at exit
+}
+
+int64_t staging_new(c10::Device device) {
+  constexpr std::string_view op = "staging_new";
+  const ExecContext ctx = exec_context(device);
+  (void)op_set_for(device, op);
+  static int64_t next = 1;
+  std::lock_guard<std::mutex> lock(staging_mutex());
+  const int64_t handle = next++;
+  staging_table().emplace(handle, std::make_unique<PlanStaging>(
+                                      ctx.device, "python.plan_staging#" + std::to_string(handle)));
+  return handle;
+}
+
+void staging_free(int64_t handle) {
+  std::unique_ptr<PlanStaging> gone;  // destroyed outside the lock (waits for its uploads)
+  {
+    std::lock_guard<std::mutex> lock(staging_mutex());
+    auto it = staging_table().find(handle);
+    TORCH_CHECK_VALUE(it != staging_table().end(), "mla.staging_free: staging = ", handle,
+                      " is not a live staging handle");
+    gone = std::move(it->second);
+    staging_table().erase(it);
+  }
+}
+
+// Bytes of the ring's two pinned buffers (for a memory ledger).
+std::vector<int64_t> staging_bytes(int64_t handle) {
+  std::lock_guard<std::mutex> lock(staging_mutex());
+  auto it = staging_table().find(handle);
+  TORCH_CHECK_VALUE(it != staging_table().end(), "mla.staging_bytes: staging = ", handle,
+                    " is not a live staging handle");
+  return {static_cast<int64_t>(it->second->ring.capacity(0)),
+          static_cast<int64_t>(it->second->ring.capacity(1))};
+}
+
+PlanStaging& staging_of(int64_t handle, const at::Device& device, std::string_view op) {
+  std::lock_guard<std::mutex> lock(staging_mutex());
+  auto it = staging_table().find(handle);
+  TORCH_CHECK_VALUE(it != staging_table().end(), "mla.", op, ": staging = ", handle,
+                    " is not a live staging handle (mla.ops.staging_new)");
+  PlanStaging& s = *it->second;
+  const bool same = device.is_cuda() ? s.device.is_cuda() &&
+                                           (!device.has_index() || s.device.index == device.index())
+                                     : s.device.is_cpu();
+  TORCH_CHECK_VALUE(same, "mla.", op, ": staging = ", handle, " is for ", s.device.to_string(),
+                    ", the plan is on ", device);
+  return s;
+}
+
+// Plans on the host straight into `plan` (cpu), or into the staging ring's pinned bytes and
+// uploads the bytes used into `plan` on torch's current stream (the ring's event is recorded
+// after it). One op call per plan: no Python-side event or stream calls. Nothing is written to
+// `plan` on error.
 template <typename PlanFn>
-void plan_and_upload(const at::Tensor& staging, const at::Tensor& plan, std::size_t plan_bytes,
+void plan_and_upload(int64_t staging, const at::Tensor& plan, std::size_t plan_bytes,
                      std::string_view op, PlanFn&& plan_fn) {
   check_bytes_tensor(plan, "plan", op);
   TORCH_CHECK_VALUE(static_cast<std::size_t>(plan.numel()) >= plan_bytes, "mla.", op, ": plan has ",
                     plan.numel(), " bytes, the capacity needs ", plan_bytes);
+  PlanStaging& s = staging_of(staging, plan.device(), op);
   if (plan.is_cpu()) {
     auto* dst = static_cast<std::byte*>(plan.data_ptr());
     StatusOr<std::size_t> used = plan_fn(std::span<std::byte>(dst, plan_bytes));
     throw_if_error(used.status(), op);
     return;
   }
-  TORCH_CHECK_VALUE(staging.defined() && staging.is_cpu(), "mla.", op,
-                    ": staging must be a cpu uint8 tensor (pinned for an asynchronous upload)");
-  check_bytes_tensor(staging, "staging", op);
-  TORCH_CHECK_VALUE(static_cast<std::size_t>(staging.numel()) >= plan_bytes, "mla.", op,
-                    ": staging has ", staging.numel(), " bytes, the capacity needs ", plan_bytes);
-  auto* host = static_cast<std::byte*>(staging.data_ptr());
-  StatusOr<std::size_t> used = plan_fn(std::span<std::byte>(host, plan_bytes));
-  throw_if_error(used.status(), op);
   const ExecContext ctx = exec_context(plan.device());
-  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
-  TORCH_CHECK(rt != nullptr, "mla.", op, ": no cuda runtime in this build");
-  throw_if_error(rt->copy_to_device(plan.data_ptr(), host, *used, ctx.stream), op);
+  StatusOr<std::byte*> host = s.ring.stage(plan_bytes, ctx.stream);
+  throw_if_error(host.status(), op);
+  StatusOr<std::size_t> used = plan_fn(std::span<std::byte>(*host, plan_bytes));
+  Status st =
+      used.ok() ? s.ring.upload_staged(plan.data_ptr(), *host, *used, ctx.stream) : used.status();
+  // Closes the call either way: the event orders the next reuse of this buffer after the copy.
+  const Status closed = s.ring.close(ctx.stream);
+  if (st.ok()) st = closed;
+  throw_if_error(st, op);
 }
 
 // ---- absorbed (MQA) paged attention ----
@@ -71,9 +144,8 @@ std::vector<int64_t> absorbed_sizes(int64_t max_batch, int64_t max_q_tokens, int
 }
 
 void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const at::Tensor& kv_lens,
-                   const at::Tensor& staging, const at::Tensor& plan, int64_t num_heads,
-                   int64_t page_size, bool causal, int64_t max_batch, int64_t max_q_tokens,
-                   int64_t max_q_len) {
+                   int64_t staging, const at::Tensor& plan, int64_t num_heads, int64_t page_size,
+                   bool causal, int64_t max_batch, int64_t max_q_tokens, int64_t max_q_len) {
   constexpr std::string_view op = "absorbed_plan";
   check_host_i32(req_rows, "req_rows", op);
   check_host_i32(q_lens, "q_lens", op);
@@ -157,7 +229,7 @@ std::vector<int64_t> mha_sizes(int64_t max_batch, int64_t max_q_tokens, int64_t 
           static_cast<int64_t>(set.mha->workspace_bytes(cap))};
 }
 
-void mha_plan(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& staging,
+void mha_plan(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, int64_t staging,
               const at::Tensor& plan, int64_t num_heads, bool causal, int64_t max_batch,
               int64_t max_q_tokens, int64_t max_kv_tokens, int64_t max_q_len) {
   constexpr std::string_view op = "mha_plan";
@@ -274,12 +346,15 @@ void up_project(const at::Tensor& kv_cache, const at::Tensor& slots, const at::T
 using namespace mla::torch_ops;  // NOLINT: the registration below names the functions above
 
 TORCH_LIBRARY(mla, m) {
+  m.def("staging_new(Device device) -> int", &staging_new);
+  m.def("staging_free(int staging) -> ()", &staging_free);
+  m.def("staging_bytes(int staging) -> int[]", &staging_bytes);
   m.def(
       "absorbed_sizes(int max_batch, int max_q_tokens, int max_q_len, int num_heads, "
       "Device device) -> int[]",
       &absorbed_sizes);
   m.def(
-      "absorbed_plan(Tensor req_rows, Tensor q_lens, Tensor kv_lens, Tensor(a!) staging, "
+      "absorbed_plan(Tensor req_rows, Tensor q_lens, Tensor kv_lens, int staging, "
       "Tensor(b!) plan, int num_heads, int page_size, bool causal, int max_batch, "
       "int max_q_tokens, int max_q_len) -> ()");
   m.def(
@@ -291,7 +366,7 @@ TORCH_LIBRARY(mla, m) {
       "int num_heads, Device device) -> int[]",
       &mha_sizes);
   m.def(
-      "mha_plan(Tensor qo_indptr, Tensor kv_indptr, Tensor(a!) staging, Tensor(b!) plan, "
+      "mha_plan(Tensor qo_indptr, Tensor kv_indptr, int staging, Tensor(b!) plan, "
       "int num_heads, bool causal, int max_batch, int max_q_tokens, int max_kv_tokens, "
       "int max_q_len) -> ()");
   m.def(

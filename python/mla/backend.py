@@ -263,8 +263,11 @@ class Backend:
         for i, p in enumerate(self._absorbed.values()):
             add(f"absorbed_plan[{i}]", p.plan_tensor)
             add(f"absorbed_workspace[{i}]", p.workspace)
-            for j, h in enumerate(p._staging._host):
-                add(f"absorbed_staging[{i}][{j}]", h)
+            for j, nbytes in enumerate(p._staging.host_bytes()):
+                if nbytes:
+                    rows.append({"name": f"{self.name}.absorbed_staging[{i}][{j}]",
+                                 "owner": self.name, "device": "cpu (pinned)", "bytes": nbytes,
+                                 "zeroed": False})
         if self._graph_plan is not None:
             add("graph.absorbed_plan", self._graph_plan.plan_tensor)
             add("graph.workspace", self._graph_plan.workspace)

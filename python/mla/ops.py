@@ -1,12 +1,13 @@
-"""Python face of the native ops: plan holders with pinned, double-buffered staging, and thin
-functional wrappers. Run paths allocate nothing (the caller passes outputs); the convenience
-functions that return new tensors say so.
+"""Python face of the native ops: plan holders (each plan one op call, uploaded through the op
+library's pinned, double-buffered staging) and thin functional wrappers. Run paths allocate
+nothing (the caller passes outputs); the convenience functions that return new tensors say so.
 
 LSE convention of every op here: natural log, shape [tokens, heads], float32.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+import weakref
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -38,50 +39,23 @@ def _host_i32(x, name: str) -> torch.Tensor:
 
 
 class _Staging:
-    """Plan bytes on the device plus two pinned host buffers used in turn.
+    """The device plan buffer and the native pinned staging ring it is uploaded through.
 
-    A plan is written into one host buffer and uploaded from it on the current stream; the next
-    plan uses the other buffer, and before a buffer is written again the host waits for the event
-    recorded after its last upload, so a re-plan never overwrites bytes a copy may still read.
+    The ring (two pinned host buffers used in turn, a CUDA event recorded after each upload and
+    waited on before its buffer is written again, so a re-plan never overwrites bytes a copy may
+    still read) lives in the op library (mla::UploadStaging, as in the C++ backends): a plan is
+    one op call, with no Python-side event or stream calls. Freed with this object.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, plan_bytes: int):
         self.device = device
-        self.plan = torch.empty(0, dtype=torch.uint8, device=device)
-        self._host = [torch.empty(0, dtype=torch.uint8)] * 2
-        self._events = [None, None]
-        self._recorded = [False, False]
-        self._turn = 0
+        self.plan = torch.empty(plan_bytes, dtype=torch.uint8, device=device)
+        self.handle = ops.staging_new(device)
+        weakref.finalize(self, ops.staging_free, self.handle)
 
-    def reserve(self, nbytes: int, fixed: bool = False) -> None:
-        if self.plan.numel() >= nbytes:
-            return
-        if fixed:
-            raise ValueError(
-                f"plan needs {nbytes} bytes but the buffer captured by a CUDA graph has "
-                f"{self.plan.numel()}; plan a larger capacity before capturing"
-            )
-        self.plan = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        if self.device.type == "cuda":
-            for ev in self._events:
-                if ev is not None:
-                    ev.synchronize()
-            self._host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-            self._events = [torch.cuda.Event(), torch.cuda.Event()]
-            self._recorded = [False, False]
-
-    def next_host(self) -> Tuple[int, torch.Tensor]:
-        i = self._turn
-        self._turn ^= 1
-        if self.device.type == "cuda" and self._recorded[i]:
-            self._events[i].synchronize()
-        return i, self._host[i]
-
-    def uploaded(self, i: int) -> None:
-        if self.device.type == "cuda":
-            # torch's current stream of the plan's device, where the op enqueued the upload
-            self._events[i].record(torch.cuda.current_stream(self.device))
-            self._recorded[i] = True
+    def host_bytes(self) -> List[int]:
+        """Bytes of the two pinned buffers (0 until first used; none on the cpu)."""
+        return list(ops.staging_bytes(self.handle))
 
 
 class AbsorbedPlan:
@@ -110,8 +84,7 @@ class AbsorbedPlan:
         plan_bytes, ws_bytes = ops.absorbed_sizes(self.max_batch, self.max_q_tokens,
                                                   self.max_q_len, self.num_heads, self.device)
         self.plan_bytes = plan_bytes
-        self._staging = _Staging(self.device)
-        self._staging.reserve(plan_bytes)
+        self._staging = _Staging(self.device, plan_bytes)
         self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
         self.planned = False
 
@@ -125,11 +98,9 @@ class AbsorbedPlan:
         rows = _host_i32(req_rows, "req_rows")
         ql = _host_i32(q_lens, "q_lens")
         kl = _host_i32(kv_lens, "kv_lens")
-        i, host = self._staging.next_host()
-        ops.absorbed_plan(rows, ql, kl, host, self._staging.plan, self.num_heads,
-                          self.page_size, self.causal, self.max_batch, self.max_q_tokens,
-                          self.max_q_len)
-        self._staging.uploaded(i)
+        ops.absorbed_plan(rows, ql, kl, self._staging.handle, self._staging.plan,
+                          self.num_heads, self.page_size, self.causal, self.max_batch,
+                          self.max_q_tokens, self.max_q_len)
         self._rows, self._kv_lens = rows, kl  # for check_pages (references, no copy)
         self.planned = True
         return self
@@ -174,18 +145,16 @@ class MhaPlan:
         plan_bytes, ws_bytes = ops.mha_sizes(self.max_batch, self.max_q_tokens,
                                              self.max_kv_tokens, self.max_q_len, self.num_heads,
                                              self.device)
-        self._staging = _Staging(self.device)
-        self._staging.reserve(plan_bytes)
+        self._staging = _Staging(self.device, plan_bytes)
         self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
         self.planned = False
 
     def plan(self, qo_indptr, kv_indptr) -> "MhaPlan":
         qo = _host_i32(qo_indptr, "qo_indptr")
         kv = _host_i32(kv_indptr, "kv_indptr")
-        i, host = self._staging.next_host()
-        ops.mha_plan(qo, kv, host, self._staging.plan, self.num_heads, self.causal,
-                     self.max_batch, self.max_q_tokens, self.max_kv_tokens, self.max_q_len)
-        self._staging.uploaded(i)
+        ops.mha_plan(qo, kv, self._staging.handle, self._staging.plan, self.num_heads,
+                     self.causal, self.max_batch, self.max_q_tokens, self.max_kv_tokens,
+                     self.max_q_len)
         self.planned = True
         return self
 

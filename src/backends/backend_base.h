@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/upload_staging.h"
 #include "mla/backend.h"
+#include "mla/upload_staging.h"
 #include "mla/workspace.h"
 #include "planning/chunked_prefix.h"
 #include "planning/forward_method.h"

@@ -28,10 +28,9 @@ def test_opcheck_absorbed(device):
     torch.library.opcheck(torch.ops.mla.absorbed_run.default,
                           (case.q, case.cache, case.req_to_token, plan.plan_tensor, plan.workspace,
                            o, lse, case.sm_scale, 1.0), test_utils=_OPCHECK_TESTS)
-    staging = torch.empty(plan.plan_bytes, dtype=torch.uint8)
     torch.library.opcheck(torch.ops.mla.absorbed_plan.default,
                           (case.rows, torch.tensor([1, 1], dtype=torch.int32),
-                           torch.tensor(case.kv_lens, dtype=torch.int32), staging,
+                           torch.tensor(case.kv_lens, dtype=torch.int32), plan._staging.handle,
                            plan.plan_tensor, 16, 16, True, 2, 2, 1), test_utils=("test_schema",))
 
 
@@ -200,6 +199,36 @@ def test_page_checks_on_cuda_tensors(form):
              block_table=kwargs.get("block_table"))
     torch.cuda.synchronize()
     assert bool(torch.isfinite(lse).all())
+
+
+def test_plan_staging_handles(device):
+    """Plans upload through the op library's staging ring, named by a handle: a handle that is
+    not live raises (naming it) and writes nothing; the ring's pinned bytes are reported."""
+    plan = ops.AbsorbedPlan(device, 16, 16, max_batch=2, max_q_tokens=2)
+    before = plan.plan_tensor.clone()
+    args = (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 1], dtype=torch.int32),
+            torch.tensor([5, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match="staging = 987654321 is not a live staging handle"):
+        torch.ops.mla.absorbed_plan(*args, 987654321, plan.plan_tensor, 16, 16, True, 2, 2, 1)
+    assert torch.equal(plan.plan_tensor, before)
+    for _ in range(3):  # back-to-back re-plans turn the ring
+        torch.ops.mla.absorbed_plan(*args, plan._staging.handle, plan.plan_tensor, 16, 16, True,
+                                    2, 2, 1)
+    sizes = plan._staging.host_bytes()
+    assert len(sizes) == 2
+    if device.type == "cuda":
+        assert all(n >= plan.plan_bytes for n in sizes), sizes  # both buffers used
+    else:
+        assert sizes == [0, 0]  # the cpu plans straight into the plan tensor
+    h = torch.ops.mla.staging_new(device)
+    torch.ops.mla.staging_free(h)
+    with pytest.raises(ValueError, match=f"staging = {h} is not a live staging handle"):
+        torch.ops.mla.staging_free(h)
+    if device.type == "cuda":
+        cpu_plan = ops.AbsorbedPlan("cpu", 16, 16, max_batch=2, max_q_tokens=2)
+        with pytest.raises(ValueError, match="is for cpu, the plan is on cuda"):
+            torch.ops.mla.absorbed_plan(*args, cpu_plan._staging.handle, plan.plan_tensor, 16,
+                                        16, True, 2, 2, 1)
 
 
 def test_plan_bad_inputs(device):

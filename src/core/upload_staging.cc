@@ -1,9 +1,9 @@
-#include "backends/upload_staging.h"
+#include "mla/upload_staging.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace mla::backends {
+namespace mla {
 namespace {
 constexpr std::size_t kAlign = 64;
 constexpr std::size_t kMinBytes = 64 * 1024;
@@ -65,6 +65,17 @@ Status UploadStaging::upload(void* dst, const void* src, std::size_t bytes, void
     if (rt_ == nullptr) return unsupported("{}: no runtime for {}", name_, device_.to_string());
   }
   if (device_.is_cpu()) return rt_->copy_to_device(dst, src, bytes, stream);
+  MLA_ASSIGN_OR_RETURN(std::byte * staged, stage(bytes, stream));
+  std::memcpy(staged, src, bytes);
+  return upload_staged(dst, staged, bytes, stream);
+}
+
+StatusOr<std::byte*> UploadStaging::stage(std::size_t bytes, void* stream) {
+  if (rt_ == nullptr) {
+    rt_ = device_runtime(device_.type);
+    if (rt_ == nullptr) return unsupported("{}: no runtime for {}", name_, device_.to_string());
+  }
+  if (device_.is_cpu()) return unsupported("{}: no staging on the cpu", name_);
   if (!open_) MLA_RETURN_IF_ERROR(open(bytes, stream));
   Slot* s = &slots_[current_];
   if (cursor_ + bytes > s->bytes) {
@@ -75,8 +86,13 @@ Status UploadStaging::upload(void* dst, const void* src, std::size_t bytes, void
     cursor_ = 0;
   }
   std::byte* staged = s->data + cursor_;
-  std::memcpy(staged, src, bytes);
   cursor_ = round_up(cursor_ + bytes);
+  return staged;
+}
+
+Status UploadStaging::upload_staged(void* dst, const std::byte* staged, std::size_t bytes,
+                                    void* stream) {
+  if (bytes == 0) return Status::Ok();
   return rt_->copy_to_device(dst, staged, bytes, stream);
 }
 
@@ -89,4 +105,4 @@ Status UploadStaging::close(void* stream) {
   return Status::Ok();
 }
 
-}  // namespace mla::backends
+}  // namespace mla

@@ -1,6 +1,8 @@
-// Pinned host staging for the plan uploads of a backend (SYSTEM.md 5: every byte in the ledger).
+// Pinned host staging for plan uploads (SYSTEM.md 5: every byte in the ledger), used by the
+// backends and by the Python package's plan ops.
 // Host planning writes into reused vectors; upload() copies the bytes into page-locked staging
-// memory and enqueues the copy to the device on the caller's stream, so the copy is ordered with
+// memory and enqueues the copy to the device on the caller's stream (or a planner writes straight
+// into stage()'s staging bytes and upload_staged() enqueues them), so the copy is ordered with
 // the layers' kernels on that stream (a pageable copy on the legacy default stream is not
 // ordered against a non-blocking stream). Two buffers are used in turn, one per planning call:
 // close() records an event after a call's last upload, and the first upload of a later call
@@ -15,7 +17,7 @@
 #include "mla/memory.h"
 #include "mla/status.h"
 
-namespace mla::backends {
+namespace mla {
 
 class UploadStaging {
  public:
@@ -27,6 +29,10 @@ class UploadStaging {
 
   // Copies `bytes` from host `src` to device `dst`, ordered on `stream`. On the cpu: memcpy.
   Status upload(void* dst, const void* src, std::size_t bytes, void* stream);
+  // `bytes` of pinned staging for a planner to write in place (a device, not the cpu); then
+  // upload_staged() enqueues the copy of the bytes used. Both are part of the open call.
+  StatusOr<std::byte*> stage(std::size_t bytes, void* stream);
+  Status upload_staged(void* dst, const std::byte* staged, std::size_t bytes, void* stream);
   // Ends a planning call: records the event of the buffer filled since the last close().
   Status close(void* stream);
 
@@ -56,4 +62,4 @@ class UploadStaging {
   uint64_t waits_ = 0, grows_ = 0;
 };
 
-}  // namespace mla::backends
+}  // namespace mla
