@@ -1,5 +1,7 @@
 """opcheck on every op, torch.compile(fullgraph=True) of a layer calling them, and bad inputs
 that must raise an exception naming the argument and its values and write nothing."""
+import time
+
 import pytest
 import torch
 
@@ -95,6 +97,60 @@ def test_torch_compile_fullgraph_layer(device):
     got = compiled(*args, o_c, lse_c, o_b, lse_b)
     assert torch.equal(o_c, o_e) and torch.equal(lse_c, lse_e)
     assert torch.equal(got[0], eager[0])
+
+
+def _inductor_unavailable():
+    """Why inductor cannot compile on this cpu, or None (it needs a C++ compiler)."""
+    import shutil
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return "inductor's cpu backend needs a C++ compiler (g++ / clang++) on PATH"
+    return None
+
+
+@pytest.mark.skipif(_inductor_unavailable() is not None, reason=str(_inductor_unavailable()))
+def test_torch_compile_inductor_layer(device):
+    """torch.compile(fullgraph=True) with the default inductor backend: a decode layer calling
+    the ops (kv write, absorbed attention over a block table, merge) between pointwise ops that
+    inductor generates code for. The ops' outputs equal eager to the bit; the compiled
+    reduction matches to rounding. Inductor's own cache (/tmp/torchinductor_$USER) makes repeat
+    runs fast; a cold compile took minutes on this cpu (docs/design-decisions.md)."""
+    torch._dynamo.reset()
+    case, plan, o, lse = _absorbed_setup(device)
+    plan.plan([0, 1], [1, 1], case.kv_lens)  # the block table's rows
+    c_kv = torch.randn(2, 512).to(torch.bfloat16).to(device)
+    k_pe = torch.randn(2, 64).to(torch.bfloat16).to(device)
+    loc = torch.tensor([case.slots(0)[-1], case.slots(1)[-1]], dtype=torch.int32, device=device)
+    o_b = torch.randn(2, 16, 512).to(torch.bfloat16).to(device)
+    lse_b = torch.randn(2, 16, device=device)
+
+    def layer(q_nope, q_pe, cache, blocks, plan_t, ws, c_kv, k_pe, loc, o, lse, o_b, lse_b):
+        q = torch.cat([q_nope * 2.0, q_pe], dim=-1)  # exact in bf16
+        torch.ops.mla.kv_write(c_kv, k_pe, loc, cache, 1.0)
+        torch.ops.mla.absorbed_run(q, cache, None, plan_t, ws, o, lse, 0.1, 1.0, blocks)
+        torch.ops.mla.merge_state_(o, lse, o_b, lse_b)
+        return (o.float() * 0.5).sum(dim=-1), lse + 1.0
+
+    def args():
+        return (case.q[..., :512], case.q[..., 512:], case.cache.clone(), case.block_table,
+                plan.plan_tensor, plan.workspace, c_kv, k_pe, loc, o.clone(), lse.clone(), o_b,
+                lse_b)
+
+    a_e = args()
+    eager = layer(*a_e)
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor")
+    a_c = args()
+    t0 = time.perf_counter()
+    got = compiled(*a_c)
+    first_call_s = time.perf_counter() - t0
+    assert torch.equal(a_c[9], a_e[9]) and torch.equal(a_c[10], a_e[10])  # o, lse: bitwise
+    assert torch.equal(a_c[2], a_e[2])  # the cache after kv_write
+    torch.testing.assert_close(got[0], eager[0], rtol=1e-5, atol=1e-3)
+    assert torch.equal(got[1], eager[1])
+    # A second call reuses the compiled graph (no recompile) and writes the same.
+    a_c2 = args()
+    compiled(*a_c2)
+    assert torch.equal(a_c2[9], a_e[9])
+    print(f"inductor compile + first call: {first_call_s:.1f} s")
 
 
 # ---- bad input: each raises, names the argument and its values, and writes nothing ----
