@@ -22,8 +22,6 @@
 namespace mla::cli {
 namespace {
 
-// Dense bf16 GEMM ceiling measured on the H200 (PERF.md).
-constexpr double kPeakTflops = 686.0;
 constexpr int kHeads = 128;
 
 StatusOr<DeviceBuffer> random_buffer(int64_t elems, uint64_t seed, cudaStream_t stream,
@@ -55,7 +53,8 @@ StatusOr<std::pair<double, double>> time_runs(cudaStream_t stream, int warmup, i
   return std::make_pair(1e3 * ms[ms.size() / 2], 1e3 * ms.front());
 }
 
-Status bench_mha(int b, int s, int iters, cudaStream_t stream, const BenchSink& sink) {
+Status bench_mha(int b, int s, int iters, double gemm_tflops, cudaStream_t stream,
+                 const BenchSink& sink) {
   const OpSet* set = OpRegistry::global().find("cuda");
   if (set == nullptr || !set->mha) return unsupported("no cuda mha op registered");
   const MhaAttentionOp& op = *set->mha;
@@ -103,14 +102,14 @@ Status bench_mha(int b, int s, int iters, cudaStream_t stream, const BenchSink& 
         {"tflops", tflops},
         {"gbps", 0.0},
         {"bound", "compute"},
-        {"ceiling_fraction", tflops / kPeakTflops},
+        {"ceiling_fraction", tflops / gemm_tflops},
         {"iters", iters}});
   return Status::Ok();
 }
 
 // 4096 new tokens on a 32768-token prefix, one request, page 64, 128 heads, one layer.
-Status bench_extend(const std::string& backend_name, int iters, cudaStream_t stream,
-                    const BenchSink& sink) {
+Status bench_extend(const std::string& backend_name, int iters, double gemm_tflops,
+                    cudaStream_t stream, const BenchSink& sink) {
   constexpr int32_t kPrefix = 32768;
   constexpr int32_t kNew = 4096;
   constexpr int kPage = 64;
@@ -192,14 +191,15 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
         {"tflops", tflops},
         {"gbps", 0.0},
         {"bound", "compute"},
-        {"ceiling_fraction", tflops / kPeakTflops},
+        {"ceiling_fraction", tflops / gemm_tflops},
         {"iters", iters}});
   return Status::Ok();
 }
 
 }  // namespace
 
-Status run_prefill_benches(bool prefill, bool extend, bool quick, const BenchSink& sink) {
+Status run_prefill_benches(bool prefill, bool extend, bool quick, double gemm_tflops,
+                           const BenchSink& sink) {
   cudaStream_t stream = nullptr;
   MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int iters = quick ? 5 : 10;
@@ -210,11 +210,11 @@ Status run_prefill_benches(bool prefill, bool extend, bool quick, const BenchSin
   if (prefill) {
     std::vector<std::pair<int, int>> shapes{{1, 4096}, {4, 2048}, {1, 16384}};
     if (quick) shapes.resize(1);
-    for (auto [b, s] : shapes) note(bench_mha(b, s, iters, stream, sink));
+    for (auto [b, s] : shapes) note(bench_mha(b, s, iters, gemm_tflops, stream, sink));
   }
   if (extend) {
     for (const char* name : {"chunked_mla", "paged_mla"}) {
-      note(bench_extend(name, iters, stream, sink));
+      note(bench_extend(name, iters, gemm_tflops, stream, sink));
     }
   }
   cudaStreamDestroy(stream);
@@ -226,7 +226,7 @@ Status run_prefill_benches(bool prefill, bool extend, bool quick, const BenchSin
 #else  // !MLA_WITH_CUDA
 
 namespace mla::cli {
-Status run_prefill_benches(bool, bool, bool, const BenchSink&) {
+Status run_prefill_benches(bool, bool, bool, double, const BenchSink&) {
   return unsupported("prefill benchmarks need a build with MLA_CUDA=ON");
 }
 }  // namespace mla::cli
