@@ -158,8 +158,8 @@ TEST_F(PageTableDevice, BlockTableAndFlatListEqualReqToTokenBitwise) {
   for (int page : {1, 16, 32, 64, 128}) {
     for (DType dtype : {DType::kBF16, DType::kFP8E4M3}) {
       for (int heads : {16, 128}) {
-        const std::string what =
-            "page " + std::to_string(page) + " " + dtype_name(dtype) + " h" + std::to_string(heads);
+        const std::string what = "page " + std::to_string(page) + " " +
+                                 std::string(dtype_name(dtype)) + " h" + std::to_string(heads);
         const Problem p = make(mix_seed(base_seed(), 300 + page + heads), heads, page, dtype,
                                {1, 2, 1, 4}, {page + 1, 700, 3, 2 * page + 37});
         Outputs tokens, blocks, flat;
