@@ -162,15 +162,23 @@ struct Unit {
   int num_steps;  // 128-key steps
 };
 
-__device__ __forceinline__ Unit make_unit(const MhaTile* tiles, int unit, int num_tiles, int heads,
-                                          int head_group) {
+// Tile index and head of schedule position `unit`.
+__device__ __forceinline__ void unit_tile_head(int unit, int num_tiles, int heads, int head_group,
+                                               int& tile, int& head) {
   const int group_units = num_tiles * head_group;
   const int group = unit / group_units;
   const int r = unit - group * group_units;
   const int group_heads = min(head_group, heads - group * head_group);
+  tile = r / group_heads;
+  head = group * head_group + r % group_heads;
+}
+
+__device__ __forceinline__ Unit make_unit(const MhaTile* tiles, int unit, int num_tiles, int heads,
+                                          int head_group) {
+  int t = 0;
   Unit u;
-  u.tile = tiles[r / group_heads];
-  u.head = group * head_group + r % group_heads;
+  unit_tile_head(unit, num_tiles, heads, head_group, t, u.head);
+  u.tile = tiles[t];
   u.kv_end = u.tile.kv_len;
   if (u.tile.diag != kNoDiag) u.kv_end = min(u.kv_end, max(u.tile.diag + u.tile.q_rows, 0));
   u.num_steps = (u.kv_end + T9::kBlockN - 1) / T9::kBlockN;
@@ -215,6 +223,18 @@ __device__ __forceinline__ void produce(const MhaParams& p, const MhaTile* tiles
                             sm.q_full);
         }
         ++q_iter;
+        // The next unit's Q (read by that unit alone, so not in L2 yet) into L2: its load
+        // waits until this unit's last Q K^T, and then hits L2 instead of HBM.
+        const int next_unit = unit + static_cast<int>(gridDim.x);
+        if (next_unit < num_units) {
+          const Unit nu = make_unit(tiles, next_unit, num_tiles, heads, head_group);
+          if (nu.num_steps > 0) {
+#pragma unroll
+            for (int b = 0; b < T9::kHeadDimQk / 64; ++b) {
+              sm90::tma_prefetch_3d(p.q_tmap, 64 * b, nu.head, nu.tile.q_start);
+            }
+          }
+        }
       }
       sm90::mbar_wait(sm.v_empty + 8 * s, ph ^ 1u);
       sm90::mbar_arrive_expect_tx(sm.v_full + 8 * s, T9::kVBytes);
@@ -304,6 +324,12 @@ __global__ void __launch_bounds__(T9::kThreads, 1)
     const Unit u = make_unit(tiles, unit, num_tiles, heads, head_group);
     const MhaTile& tile = u.tile;
     const int n = u.num_steps;
+    // The next unit's tile into L1 now, so reading it after this unit's epilogue does not wait.
+    if (unit + static_cast<int>(gridDim.x) < num_units) {
+      int nt = 0, nh = 0;
+      unit_tile_head(unit + static_cast<int>(gridDim.x), num_tiles, heads, head_group, nt, nh);
+      sm90::prefetch_l1(tiles + nt);
+    }
     float o[T9::kHeadDimV / 2];
 #pragma unroll
     for (int i = 0; i < T9::kHeadDimV / 2; ++i) o[i] = 0.f;
