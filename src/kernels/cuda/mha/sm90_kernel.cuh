@@ -1,6 +1,6 @@
 // Ragged MHA forward for Hopper (sm_90a), FlashAttention-3 style: one CTA of a producer warpgroup
 // and 2 consumer warpgroups runs 128-row query tiles of one head (64 rows per warpgroup),
-// persistent over the plan's (tile, head) units. The producer warp (one thread) loads Q (128 x
+// persistent over the plan's (tile, head) units. One producer thread loads Q (128 x
 // 192) and, per 128-key step, K (128 x 192) and V (128 x 128) by TMA (3-D tensor maps {dim,
 // head, token}, 128-byte swizzle applied by the copy engine) into a Q buffer and two-slot K and
 // V rings, each slot guarded by a full mbarrier (transaction bytes) and an empty mbarrier (one
@@ -12,7 +12,8 @@
 // named barriers orders the issues (0, 1, 0, 1, ...) so one warpgroup's softmax runs under the
 // other's matrix work. Rows of a box past the request's keys are other requests' rows (or zeros
 // past the tensor): S masks them to -inf, so their P is 0 (k / v rows inside the views must be
-// finite). Same plan, LSE and empty-row conventions as before (docs/kernels.md).
+// finite). Same plan, LSE and empty-row conventions as the cp.async kernel it replaced
+// (docs/kernels.md, docs/history/cuda-notes.md).
 #pragma once
 
 #include <cuda_bf16.h>
