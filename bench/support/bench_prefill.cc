@@ -32,27 +32,6 @@ StatusOr<DeviceBuffer> random_buffer(int64_t elems, uint64_t seed, cudaStream_t 
   return b;
 }
 
-// Median and minimum of `iters` timed runs of fn (after `warmup` untimed ones), in microseconds.
-template <typename Fn>
-StatusOr<std::pair<double, double>> time_runs(cudaStream_t stream, int warmup, int iters, Fn fn) {
-  for (int i = 0; i < warmup; ++i) MLA_RETURN_IF_ERROR(fn());
-  std::vector<cudaEvent_t> ev(2 * static_cast<std::size_t>(iters));
-  for (auto& e : ev) MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], stream));
-    MLA_RETURN_IF_ERROR(fn());
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], stream));
-  }
-  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  std::vector<float> ms(static_cast<std::size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return std::make_pair(1e3 * ms[ms.size() / 2], 1e3 * ms.front());
-}
-
 // b requests of s_q queries on s_k keys each; causal (s_q == s_k then) or not (a prefix chunk).
 Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, double gemm_tflops,
                  cudaStream_t stream, const BenchSink& sink) {
