@@ -34,7 +34,7 @@ RULES = {
     "lib/sim": PUBLIC_ALL + ["conformance/", "sim/"],
     "bench/support": PUBLIC_ALL,
     "tools/mla": PUBLIC_ALL + ["conformance/", "sim/", "mla_version.h", "bench_prefill.h",
-                               "bench_cuda.h", "fill.h"],
+                               "bench_cuda.h", "fill.h", "ceilings.h"],
     "python/csrc": PUBLIC_ALL,
 }
 # Public headers of the upper layers (the backend interface and the layer): lower public headers
