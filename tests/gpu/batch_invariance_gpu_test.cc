@@ -75,10 +75,44 @@ struct Rows {
   bool operator==(const Rows&) const = default;
 };
 
-// Runs the requests `ids` as one batch; returns each member's rows. Checks the batch against the
-// reference.
+// The batch's o and lse against the double-precision reference.
+Status check_against_reference(const Universe& u, const std::vector<int32_t>& rows,
+                               const std::vector<int32_t>& q_lens,
+                               const std::vector<int32_t>& kv_lens, const std::vector<bf16>& q,
+                               const std::vector<uint16_t>& o_h, const std::vector<float>& lse_h) {
+  const int H = u.heads;
+  AbsorbedRefProblem rp;
+  rp.num_heads = H;
+  rp.page_size = u.layout.page_size;
+  rp.causal = true;
+  rp.sm_scale = kScale;
+  rp.row_stride = u.layout.max_context_len;
+  rp.req_to_token = u.layout.req_to_token;
+  rp.req_rows = rows;
+  rp.q_lens = q_lens;
+  rp.kv_lens = kv_lens;
+  const RefAttention ref = reference_absorbed(rp, to_float(q), u.cache.stored);
+  std::vector<float> o_f(o_h.size());
+  for (std::size_t i = 0; i < o_h.size(); ++i) o_f[i] = bf16{o_h[i]}.to_float();
+  const Comparison co = compare_values("o", o_f, ref.o, default_tolerance(DType::kBF16));
+  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
+  if (!co.ok || !cl.ok) return internal_error("reference: {} {}", co.message, cl.message);
+  return Status::Ok();
+}
+
+// Work of the double-precision reference (query rows x heads x keys, 2176 FLOPs each) above
+// which a request's alone run is not checked against it. The reference runs on one host thread
+// at about 1 GFLOP/s: checking every batch made the test run for hours (it hit gpu-check's time
+// limit, 2026-12-03). The bitwise comparisons still cover every request; this bounds the
+// reference to ~0.15 s per request (short requests at every head count, mid-length ones at 16
+// heads).
+constexpr int64_t kReferenceBudget = int64_t{1} << 16;
+
+// Runs the requests `ids` as one batch; returns each member's rows. With `check_reference`,
+// checks the batch against the double-precision reference.
 StatusOr<std::vector<Rows>> run_batch(const AbsorbedAttentionOp* op, const Universe& u,
-                                      const std::vector<int>& ids, bool invariant) {
+                                      const std::vector<int>& ids, bool invariant,
+                                      bool check_reference) {
   const int H = u.heads;
   std::vector<int32_t> rows, q_lens, kv_lens;
   std::vector<bf16> q;
@@ -125,22 +159,9 @@ StatusOr<std::vector<Rows>> run_batch(const AbsorbedAttentionOp* op, const Unive
   MLA_RETURN_IF_ERROR(rt->copy_to_host(o_h.data(), o.data(), o.bytes(), nullptr));
   MLA_RETURN_IF_ERROR(rt->copy_to_host(lse_h.data(), lse.data(), lse.bytes(), nullptr));
 
-  AbsorbedRefProblem rp;
-  rp.num_heads = H;
-  rp.page_size = u.layout.page_size;
-  rp.causal = true;
-  rp.sm_scale = kScale;
-  rp.row_stride = u.layout.max_context_len;
-  rp.req_to_token = u.layout.req_to_token;
-  rp.req_rows = rows;
-  rp.q_lens = q_lens;
-  rp.kv_lens = kv_lens;
-  const RefAttention ref = reference_absorbed(rp, to_float(q), u.cache.stored);
-  std::vector<float> o_f(o_h.size());
-  for (std::size_t i = 0; i < o_h.size(); ++i) o_f[i] = bf16{o_h[i]}.to_float();
-  const Comparison co = compare_values("o", o_f, ref.o, default_tolerance(DType::kBF16));
-  const Comparison cl = compare_values("lse", lse_h, ref.lse, lse_tolerance());
-  if (!co.ok || !cl.ok) return internal_error("reference: {} {}", co.message, cl.message);
+  if (check_reference) {
+    MLA_RETURN_IF_ERROR(check_against_reference(u, rows, q_lens, kv_lens, q, o_h, lse_h));
+  }
 
   std::vector<Rows> out(static_cast<std::size_t>(bs));
   int64_t t = 0;
@@ -153,20 +174,26 @@ StatusOr<std::vector<Rows>> run_batch(const AbsorbedAttentionOp* op, const Unive
   return out;
 }
 
-// Every request alone, then 16 random batches: the number of (request, batch) pairs whose rows
-// differ from the request's alone run, of all pairs compared.
+// Every request alone (checked against the reference within kReferenceBudget), then 16 random
+// batches: the number of (request, batch) pairs whose rows differ from the request's alone run,
+// of all pairs compared.
 std::pair<int, int> count_changed(const AbsorbedAttentionOp* op, int heads, int page, int max_q,
                                   bool invariant, uint64_t seed) {
   auto u = make_universe(heads, page, max_q, seed);
   EXPECT_TRUE(u.ok()) << u.status().to_string();
   if (!u.ok()) return {0, 0};
   std::vector<Rows> alone(kRequests);
+  int checked = 0;  // alone runs checked against the reference
   for (int i = 0; i < kRequests; ++i) {
-    auto r = run_batch(op, *u, {i}, invariant);
+    const int64_t work = int64_t{u->q_lens[i]} * heads * u->layout.kv_lens[i];
+    checked += work <= kReferenceBudget ? 1 : 0;
+    auto r = run_batch(op, *u, {i}, invariant, work <= kReferenceBudget);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     if (!r.ok()) return {0, 0};
     alone[i] = (*r)[0];
   }
+  EXPECT_GT(checked, 0) << "no request of heads " << heads << " page " << page << " max_q " << max_q
+                        << " was checked against the reference";
   Rng rng(seed + 1);
   std::vector<int> all(kRequests);
   std::iota(all.begin(), all.end(), 0);
@@ -177,7 +204,7 @@ std::pair<int, int> count_changed(const AbsorbedAttentionOp* op, int heads, int 
       std::swap(ids[i], ids[static_cast<int>(rng.uniform_int(0, i))]);
     }
     ids.resize(static_cast<std::size_t>(rng.uniform_int(2, kRequests)));
-    auto r = run_batch(op, *u, ids, invariant);
+    auto r = run_batch(op, *u, ids, invariant, false);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     if (!r.ok()) continue;
     for (std::size_t m = 0; m < ids.size(); ++m) {
