@@ -7,86 +7,26 @@
 
 #include "kernels/cuda/absorbed/choose.h"
 #include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/plan_internal.h"
 #include "kernels/cuda/absorbed/traits.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
 
+#ifndef MLA_WHOLE
+#define MLA_WHOLE false
+#endif
+
 namespace mla::cuda::absorbed {
 namespace {
+
+using namespace plan_detail;
 
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// Cost model in key-tile units: a unit also loads its query tile and writes its output, about
-// the traffic of one key tile (64 rows x 576 bf16 either way), hence kUnitCost = 1.
-constexpr int64_t kUnitCost = 1;
 // Never cut a piece shorter than 2 key tiles (128 keys): a split costs a partial write and a
 // combine read of 64 x 512 fp32, the traffic of about two key tiles.
 constexpr int64_t kMinPieceTiles = 2;
-
-// A WorkUnit is three of these (48 bytes), a CombineUnit one: units are stored as three 16-byte
-// vectors built in registers instead of twelve 4-byte fields.
-typedef int32_t I32x4 __attribute__((vector_size(16)));
-static_assert(sizeof(WorkUnit) == 3 * sizeof(I32x4) && sizeof(CombineUnit) == sizeof(I32x4));
-
-typedef uint64_t U64x2 __attribute__((vector_size(16)));
-static_assert(std::endian::native == std::endian::little, "quad() puts lane 0 in the low half");
-
-inline void store4(std::byte* dst, I32x4 v) { std::memcpy(dst, &v, sizeof(v)); }
-// Lanes {a, b} as one 64-bit value (a in the low half, as in memory on a little-endian host).
-inline uint64_t pair(int32_t a, int32_t b) {
-  return static_cast<uint32_t>(a) | uint64_t{static_cast<uint32_t>(b)} << 32;
-}
-// {lo.a, lo.b, hi.a, hi.b}: two 64-bit moves and one unpack, cheaper than four lane inserts.
-inline I32x4 quad(uint64_t lo, uint64_t hi) { return reinterpret_cast<I32x4>(U64x2{lo, hi}); }
-inline void store_i32(std::byte* dst, int32_t v) { std::memcpy(dst, &v, sizeof(v)); }
-
-// The batch as the cut reads it.
-struct Batch {
-  const int32_t* q_lens;
-  const int32_t* kv_lens;
-  const int32_t* req_rows;
-  int bs;
-  int heads, heads_log2;
-  int rows_tile;
-  bool causal;
-};
-
-// One row tile of a request, as its units need it.
-struct TileRef {
-  I32x4 head;      // pool_row, q_row_begin, num_rows, row_in_req (the unit's first 16 bytes)
-  I32x4 lens;      // q_len, kv_len, -, - (the unit's second 16 bytes, less the key range)
-  int32_t extent;  // keys the tile's last row sees
-  int32_t tiles;   // key tiles: ceil(extent / kBlockN)
-};
-
-// The row tile of request b starting at row r of the request (q_row: the request's first row).
-inline TileRef tile_of(const Batch& in, int b, int64_t q_row, int64_t r) {
-  const int32_t ql = in.q_lens[b], kl = in.kv_lens[b];
-  const int64_t rows = int64_t{ql} * in.heads;
-  const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
-  const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
-  TileRef t;
-  t.head =
-      I32x4{in.req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
-  t.lens = I32x4{ql, kl, 0, 0};
-  t.extent = in.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
-  t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
-  return t;
-}
-
-// One unit of tile t over key tiles [begin, end), written as three 16-byte stores.
-inline void store_unit(std::byte* u, const TileRef& t, int64_t begin, int64_t end,
-                       int32_t partial) {
-  const int64_t kv_begin = std::min<int64_t>(begin, t.tiles) * kBlockN;
-  const int64_t kv_end = std::max<int64_t>(std::min<int64_t>(end * kBlockN, t.extent), kv_begin);
-  I32x4 lens = t.lens;
-  lens[2] = static_cast<int32_t>(kv_begin);
-  lens[3] = static_cast<int32_t>(kv_end);
-  store4(u, t.head);
-  store4(u + 16, lens);
-  store4(u + 32, I32x4{partial, 0, 0, 0});
-}
 
 // Piece of a grouped item (a request), kept for the groups after the first.
 struct Piece {
@@ -108,19 +48,6 @@ __attribute__((always_inline)) inline int64_t share_of(int64_t unassigned, int c
   const int64_t left_ctas = ctas_per_group - c;
   return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
 }
-
-// The plan's output regions and where the writing stands. The cut and the replay below are
-// functions of their own that copy these counters into locals: kept in registers, they are not
-// reloaded after every unit store (stores through std::byte* may alias anything in memory).
-struct PlanOut {
-  std::byte* units;
-  std::byte* combines;
-  std::byte* cta_begin;
-  int64_t max_units;
-  int32_t num_units = 0, num_combines = 0, next_partial = 0;
-  int next_cta = 0;  // CTAs before next_cta have their begin written
-  bool overflow = false;
-};
 
 // Contiguous cutting of the flattened (item, key tile) list of one group into equal shares:
 // CTA c of the group gets max(ceil(unassigned work / CTAs left), kMinPieceTiles + kUnitCost),
@@ -448,6 +375,35 @@ __attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, in
   out.overflow = overflow;
 }
 
+// Decode with no more requests than CTAs, each within kWholeSlack of the ideal share: request k
+// whole on CTA k (the CTAs past the last request get nothing). Splitting such a batch to fill
+// every CTA gains at most kWholeSlack of the time and costs a second unit (its query tile and
+// pipeline start) on most CTAs, partial writes and the combine kernel.
+inline constexpr bool kWholeRequests = MLA_WHOLE;
+inline constexpr int64_t kWholeSlackDiv = 16;  // within share + share / 16
+__attribute__((noinline)) void place_whole(const Batch& in, PlanOut& out) {
+  int32_t num_units = 0;
+  int64_t q_row = 0;
+  for (int b = 0; b < in.bs; ++b) {
+    const int32_t ql = in.q_lens[b];
+    if (ql == 0) continue;
+    const int32_t kl = in.kv_lens[b];
+    const int32_t tile_rows =
+        static_cast<int32_t>(std::min<int64_t>(in.rows_tile, int64_t{ql} * in.heads));
+    store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(num_units), num_units);
+    std::byte* u = out.units + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
+    store4(u, quad(pair(in.req_rows[b], static_cast<int32_t>(q_row)), pair(tile_rows, 0)));
+    store4(u + 16, quad(pair(ql, kl), pair(0, kl)));
+    store4(u + 32, quad(static_cast<uint32_t>(-1), 0));
+    q_row += int64_t{ql} * in.heads;
+  }
+  out.num_units = num_units;
+  out.num_combines = 0;
+  out.next_partial = 0;
+  out.next_cta = num_units;
+  out.overflow = false;
+}
+
 // Group 1 of 128-head decode: every request has one query, so both row tiles of a request see
 // the same keys, and group 1's units, combines and CTA begins are group 0's moved by one row
 // tile (rows_tile rows; partial slots after group 0's).
@@ -494,270 +450,6 @@ __attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, Pla
   out.num_units = 2 * units0;
   out.num_combines = 2 * combines0;
   out.next_partial = 2 * partials0;
-}
-
-// The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
-// request cut into invariant_pieces(n) pieces of ceil(n / pieces) key tiles, a function of the
-// tile's own extent; a split tile's partial slots are consecutive in key order, so its combine
-// merges them in key order. Only the placement of the pieces on CTAs depends on the batch, and
-// it changes no arithmetic:
-// - Groups, as in the default plan: when every request has at most G = 2..4 row tiles (128
-//   heads, or heads x q_len > 64), the grid splits into G groups of num_ctas / G CTAs and row
-//   tile r of a request runs in group r, on the CTA and at the position that piece k of its
-//   row tile 0 has in group 0. So the row tiles of a request read the same keys at the same
-//   time and the second read hits L2 (dealing the units out in batch order instead put both
-//   row tiles of a request on one CTA, one after the other: every key read twice from DRAM).
-// - Items: (request, piece k) with the members piece k of each row tile (G > 1), or one per
-//   piece (G = 1); an item costs its longest member (+ kUnitCost). The items go to the CTAs of
-//   a group longest first, each to the least loaded CTA (ties: the lower CTA), so the most
-//   loaded CTA carries at most the ideal share + one item (and at most 4/3 of the optimum);
-//   contiguous runs in batch order left up to a whole piece of imbalance where a CTA holds few
-//   pieces (variable lengths).
-struct InvItem {
-  int32_t cost;
-  int32_t cta;    // within the group, once dealt
-  int32_t tile0;  // index of the request's row tile 0 in the tile table
-  int16_t tiles;  // row tiles of the request in the item (1 when ungrouped)
-  int16_t piece;  // k
-};
-struct InvTile {
-  TileRef ref;
-  int32_t len;  // key tiles per piece
-  int32_t pieces;
-  int32_t first_partial;  // -1: not split
-};
-
-// Reused across plans on this thread (resize() and clear() keep the capacity).
-struct InvScratch {
-  std::vector<InvTile> tiles;
-  std::vector<InvItem> items;
-  std::vector<int32_t> order, by_cta, per_cta, at, cta, best_cta;
-  std::vector<int64_t> load;
-  std::vector<std::pair<int64_t, int32_t>> heap;
-  std::vector<std::vector<int32_t>> bucket;  // best fit: CTAs by load
-  std::vector<uint64_t> used;                // best fit: loads with a CTA
-};
-
-// Longest item first onto the least loaded CTA (a binary heap of (load, cta): the top is the
-// least loaded, the lower CTA on ties). Writes sc.cta; returns the makespan.
-int64_t deal_least_loaded(const std::vector<InvItem>& items, const std::vector<int32_t>& order,
-                          int ctas, InvScratch& sc) {
-  std::vector<std::pair<int64_t, int32_t>>& heap = sc.heap;
-  heap.clear();
-  for (int c = 0; c < ctas; ++c) heap.emplace_back(0, c);
-  const auto later = [](const std::pair<int64_t, int32_t>& a,
-                        const std::pair<int64_t, int32_t>& b) { return a > b; };
-  int64_t makespan = 0;
-  for (const int32_t i : order) {
-    std::pop_heap(heap.begin(), heap.end(), later);
-    sc.cta[static_cast<std::size_t>(i)] = heap.back().second;
-    heap.back().first += items[static_cast<std::size_t>(i)].cost;
-    makespan = std::max(makespan, heap.back().first);
-    std::push_heap(heap.begin(), heap.end(), later);
-  }
-  return makespan;
-}
-
-// Longest item first onto the fullest CTA it fits under `target` (best fit), else onto the
-// least loaded one. CTAs sit in buckets by load (0 .. target) with a bit per non-empty bucket.
-// Writes sc.cta; returns the makespan.
-int64_t deal_best_fit(const std::vector<InvItem>& items, const std::vector<int32_t>& order,
-                      int ctas, int64_t target, InvScratch& sc) {
-  const std::size_t words = static_cast<std::size_t>(target / 64 + 1);
-  sc.used.assign(words, 0);
-  if (sc.bucket.size() < static_cast<std::size_t>(target + 1)) {
-    sc.bucket.resize(static_cast<std::size_t>(target + 1));
-  }
-  for (int64_t v = 0; v <= target; ++v) sc.bucket[static_cast<std::size_t>(v)].clear();
-  sc.load.assign(static_cast<std::size_t>(ctas), 0);
-  for (int c = ctas - 1; c >= 0; --c) sc.bucket[0].push_back(c);  // CTA 0 on top
-  sc.used[0] = 1;
-  const auto take = [&](int64_t v) {
-    std::vector<int32_t>& b = sc.bucket[static_cast<std::size_t>(v)];
-    const int32_t c = b.back();
-    b.pop_back();
-    if (b.empty()) sc.used[static_cast<std::size_t>(v >> 6)] &= ~(uint64_t{1} << (v & 63));
-    return c;
-  };
-  // The highest non-empty bucket at or below v, or -1.
-  const auto highest_at_most = [&](int64_t v) -> int64_t {
-    int64_t w = v >> 6;
-    uint64_t bits = sc.used[static_cast<std::size_t>(w)] & (~uint64_t{0} >> (63 - (v & 63)));
-    while (bits == 0) {
-      if (--w < 0) return -1;
-      bits = sc.used[static_cast<std::size_t>(w)];
-    }
-    return w * 64 + 63 - std::countl_zero(bits);
-  };
-  const auto lowest = [&]() -> int64_t {
-    for (std::size_t w = 0; w < words; ++w) {
-      if (sc.used[w] != 0) return static_cast<int64_t>(w * 64) + std::countr_zero(sc.used[w]);
-    }
-    return -1;
-  };
-  int64_t makespan = 0;
-  for (const int32_t i : order) {
-    const int64_t cost = items[static_cast<std::size_t>(i)].cost;
-    int64_t v = cost <= target ? highest_at_most(target - cost) : -1;
-    if (v < 0) v = lowest();
-    int32_t c;
-    if (v >= 0) {
-      c = take(v);
-    } else {  // every CTA is past the target: the least loaded
-      c = 0;
-      for (int k = 1; k < ctas; ++k) {
-        if (sc.load[static_cast<std::size_t>(k)] < sc.load[static_cast<std::size_t>(c)]) c = k;
-      }
-    }
-    int64_t& l = sc.load[static_cast<std::size_t>(c)];
-    l += cost;
-    makespan = std::max(makespan, l);
-    if (l <= target) {
-      sc.bucket[static_cast<std::size_t>(l)].push_back(c);
-      sc.used[static_cast<std::size_t>(l >> 6)] |= uint64_t{1} << (l & 63);
-    }
-    sc.cta[static_cast<std::size_t>(i)] = c;
-  }
-  return makespan;
-}
-
-// The items (longest first in `order`) onto `ctas` CTAs of a group, the assignment with the
-// smallest makespan of: least loaded, and best fit under a few targets from the ideal share up
-// (a short Multifit; best fit can miss the ideal where least loaded does not, and the reverse).
-// Targets past 2^16 key tiles are not tried (the buckets grow with the target).
-void deal_items(std::vector<InvItem>& items, const std::vector<int32_t>& order, int ctas,
-                InvScratch& sc) {
-  int64_t total = 0, longest = 0;
-  for (const InvItem& it : items) {
-    total += it.cost;
-    longest = std::max<int64_t>(longest, it.cost);
-  }
-  sc.cta.resize(items.size());
-  int64_t best = deal_least_loaded(items, order, ctas, sc);
-  sc.best_cta = sc.cta;
-  const int64_t ideal = std::max((total + ctas - 1) / ctas, longest);
-  for (const int64_t pct : {0, 1, 2, 4, 8}) {
-    const int64_t target = ideal + ideal * pct / 100;
-    if (best <= ideal || target >= best || target > (int64_t{1} << 16)) break;
-    const int64_t m = deal_best_fit(items, order, ctas, target, sc);
-    if (m < best) {
-      best = m;
-      sc.best_cta = sc.cta;
-    }
-  }
-  for (std::size_t i = 0; i < items.size(); ++i) items[i].cta = sc.best_cta[i];
-}
-
-__attribute__((noinline)) void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
-  thread_local InvScratch sc;
-  std::vector<InvTile>& tiles = sc.tiles;
-  std::vector<InvItem>& items = sc.items;
-  std::vector<int32_t>& order = sc.order;
-  // 1. The tiles, their pieces and partial slots (batch order), and the groups.
-  tiles.clear();
-  int64_t units = 0, max_row_tiles = 0;
-  int32_t next_partial = 0, num_combines = 0;
-  int64_t q_row = 0;
-  for (int b = 0; b < in.bs; ++b) {
-    const int64_t rows = int64_t{in.q_lens[b]} * in.heads;
-    max_row_tiles = std::max(max_row_tiles, (rows + in.rows_tile - 1) / in.rows_tile);
-    for (int64_t r = 0; r < rows; r += in.rows_tile) {
-      InvTile t;
-      t.ref = tile_of(in, b, q_row, r);
-      t.pieces = invariant_pieces(t.ref.tiles);
-      t.len = t.pieces > 1 ? (t.ref.tiles + t.pieces - 1) / t.pieces : t.ref.tiles;
-      t.first_partial = t.pieces > 1 ? next_partial : -1;
-      if (t.pieces > 1) {
-        next_partial += t.pieces;
-        ++num_combines;
-      }
-      units += t.pieces;
-      tiles.push_back(t);
-    }
-    q_row += rows;
-  }
-  if (units > out.max_units) {
-    out.overflow = true;
-    return;
-  }
-  const int groups = max_row_tiles >= 2 && max_row_tiles <= 4 && num_ctas >= 2 * max_row_tiles
-                         ? static_cast<int>(max_row_tiles)
-                         : 1;
-  const int ctas_per_group = num_ctas / groups;
-  const auto piece_cost = [](const InvTile& t, int k) -> int64_t {
-    if (k >= t.pieces) return 0;
-    const int64_t begin = int64_t{k} * t.len;
-    const int64_t end = k + 1 == t.pieces ? t.ref.tiles : begin + t.len;
-    return end - begin + kUnitCost;
-  };
-
-  // 2. The items: the pieces of row tile 0 and, grouped, the same pieces of the request's other
-  // row tiles (tiles of one request are consecutive, row_in_req 0, 64, ...).
-  items.clear();
-  for (std::size_t i = 0; i < tiles.size();) {
-    std::size_t end = i + 1;
-    if (groups > 1) {
-      while (end < tiles.size() && tiles[end].ref.head[3] != 0) ++end;
-    }
-    int max_pieces = 0;
-    for (std::size_t j = i; j < end; ++j) max_pieces = std::max(max_pieces, tiles[j].pieces);
-    for (int k = 0; k < max_pieces; ++k) {
-      int64_t cost = 0;
-      for (std::size_t j = i; j < end; ++j) cost = std::max(cost, piece_cost(tiles[j], k));
-      items.push_back(InvItem{static_cast<int32_t>(std::min<int64_t>(cost, INT32_MAX)), 0,
-                              static_cast<int32_t>(i), static_cast<int16_t>(end - i),
-                              static_cast<int16_t>(k)});
-    }
-    i = end;
-  }
-
-  // 3. The items onto the CTAs of a group, longest first.
-  order.resize(items.size());
-  for (std::size_t i = 0; i < items.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return items[a].cost > items[b].cost; });
-  deal_items(items, order, ctas_per_group, sc);
-  std::vector<int32_t>& per_cta = sc.per_cta;
-  per_cta.assign(static_cast<std::size_t>(ctas_per_group) + 1, 0);
-  for (const InvItem& it : items) ++per_cta[static_cast<std::size_t>(it.cta) + 1];
-  // Items CTA-major, each CTA's in the order dealt (longest first): a counting sort.
-  for (int c = 0; c < ctas_per_group; ++c) per_cta[c + 1] += per_cta[c];
-  std::vector<int32_t>& by_cta = sc.by_cta;
-  std::vector<int32_t>& at = sc.at;
-  by_cta.resize(items.size());
-  at.assign(per_cta.begin(), per_cta.end() - 1);
-  for (const int32_t i : order) by_cta[static_cast<std::size_t>(at[items[i].cta]++)] = i;
-
-  // 4. The units, CTA-major: group g, CTA c holds member g of each of group 0's items on c.
-  int32_t num_units = 0;
-  for (int g = 0; g < groups; ++g) {
-    for (int c = 0; c < ctas_per_group; ++c) {
-      store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(g * ctas_per_group + c),
-                num_units);
-      for (int32_t j = per_cta[c]; j < per_cta[c + 1]; ++j) {
-        const InvItem& it = items[static_cast<std::size_t>(by_cta[static_cast<std::size_t>(j)])];
-        // Member g: row tile g of the item's request, if it has that tile and that piece.
-        if (g >= it.tiles) continue;
-        const InvTile& t = tiles[static_cast<std::size_t>(it.tile0 + g)];
-        if (it.piece >= t.pieces) continue;
-        const int64_t begin = int64_t{it.piece} * t.len;
-        const int64_t end = it.piece + 1 == t.pieces ? t.ref.tiles : begin + t.len;
-        store_unit(out.units + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++), t.ref,
-                   begin, end, t.first_partial >= 0 ? t.first_partial + it.piece : -1);
-      }
-    }
-  }
-  // The combines, in tile order.
-  int32_t combine = 0;
-  for (const InvTile& t : tiles) {
-    if (t.first_partial < 0) continue;
-    store4(out.combines + sizeof(CombineUnit) * static_cast<std::size_t>(combine++),
-           I32x4{t.ref.head[1], t.ref.head[2], t.first_partial, t.pieces});
-  }
-  out.num_units = num_units;
-  out.num_combines = num_combines;
-  out.next_partial = next_partial;
-  out.next_cta = groups * ctas_per_group;
 }
 
 // Row tiles the capacity allows at most (tiles of at least min_rows rows, one partial tile per
@@ -971,7 +663,23 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   if (cap.batch_invariant) {
     cut_invariant(in, num_ctas, out);
   } else if (decode) {
-    cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
+    bool whole = false;
+    if constexpr (kWholeRequests) {
+      int64_t items = 0, longest = 0;
+      for (int b = 0; b < bs; ++b) {
+        if (q_lens[b] == 0) continue;
+        ++items;
+        longest = std::max<int64_t>(
+            longest, (static_cast<uint32_t>(kv_lens[b]) + kBlockN - 1) / kBlockN + kUnitCost);
+      }
+      const int64_t share = (total_cost + ctas_per_group - 1) / ctas_per_group;
+      whole = items <= ctas_per_group && longest * kWholeSlackDiv <= share * (kWholeSlackDiv + 1);
+    }
+    if (whole) {
+      place_whole(in, out);
+    } else {
+      cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
+    }
     if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
   } else if (groups > 1) {
     // Scratch reused across plans on this thread: after the first plans of the largest batch,
