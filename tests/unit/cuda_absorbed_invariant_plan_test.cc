@@ -156,7 +156,8 @@ TEST(InvariantPlanControl, DefaultPlansDependOnTheBatch) {
 }
 
 // The rule itself: tiles of kMaxRows rows, pieces of ceil(n / p) key tiles with
-// p = clamp(ceil(n / kInvariantSplitTiles), 1, kInvariantMaxPieces).
+// p = clamp(ceil(n / (kInvariantSplitTiles x T)), 1, kInvariantMaxPieces), T the request's row
+// tiles.
 TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   using cuda::absorbed::invariant_pieces;
   using cuda::absorbed::kBlockN;
@@ -166,7 +167,10 @@ TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   EXPECT_EQ(invariant_pieces(kInvariantSplitTiles), 1);
   EXPECT_EQ(invariant_pieces(kInvariantSplitTiles + 1), 2);
   EXPECT_EQ(invariant_pieces(int64_t{1} << 30), kInvariantMaxPieces);
-  // One decode request of 16 heads and 3 * 2048 + 1 keys: 4 pieces of 25 key tiles (97 tiles).
+  EXPECT_EQ(invariant_pieces(2 * kInvariantSplitTiles, 2), 1);
+  EXPECT_EQ(invariant_pieces(2 * kInvariantSplitTiles + 1, 2), 2);
+  EXPECT_EQ(invariant_pieces(4 * kInvariantSplitTiles + 1, 4), 2);
+  // One decode request of 16 heads (one row tile) and 3 split lengths + 1 keys: 4 pieces.
   std::string error;
   const int32_t kv = 3 * kInvariantSplitTiles * kBlockN + 1;
   const Signature s = plan_and_sign({{1, kv}}, 0, 16, 1, 132, true, &error);
@@ -176,11 +180,17 @@ TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   const TileUnits& t = s.tiles.begin()->second;
   EXPECT_EQ(t.rows, 16);
   EXPECT_TRUE(t.split);
-  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 25 * kBlockN},
-                                                         {25 * kBlockN, 50 * kBlockN},
-                                                         {50 * kBlockN, 75 * kBlockN},
-                                                         {75 * kBlockN, kv}};
+  const int32_t n = 3 * kInvariantSplitTiles + 1, len = (n + 3) / 4;  // key tiles, per piece
+  const std::vector<std::pair<int32_t, int32_t>> want = {{0, len * kBlockN},
+                                                         {len * kBlockN, 2 * len * kBlockN},
+                                                         {2 * len * kBlockN, 3 * len * kBlockN},
+                                                         {3 * len * kBlockN, kv}};
   EXPECT_EQ(t.ranges, want);
+  // 128 heads (two row tiles): the same keys make 2 pieces per row tile, not 4.
+  const Signature s128 = plan_and_sign({{1, kv}}, 0, 128, 1, 132, true, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  ASSERT_EQ(s128.tiles.size(), 2u);
+  for (const auto& [row, tile] : s128.tiles) EXPECT_EQ(tile.ranges.size(), 2u) << "row " << row;
 }
 
 // The placement (the batch-dependent part of an invariant plan): the tests below read a plan's
@@ -288,9 +298,10 @@ TEST(InvariantPlan, MostLoadedCtaWithinOnePieceOfTheIdealShare) {
           << "trial " << trial << ", group " << g;
     }
   }
-  // 128 equal decode requests of 8192 keys, 16 heads: 4 pieces of 33 (32 key tiles + 1) each,
-  // 512 pieces on 132 CTAs: at most 4 per CTA.
-  const PlacedPlan pl = plan_batch(16, std::vector<Req>(128, Req{1, 8192}), 132);
+  // 128 equal decode requests of 4 split lengths, 16 heads: 4 pieces each, 512 pieces on 132
+  // CTAs: at most 4 per CTA.
+  const int32_t kv = 4 * cuda::absorbed::kInvariantSplitTiles * cuda::absorbed::kBlockN;
+  const PlacedPlan pl = plan_batch(16, std::vector<Req>(128, Req{1, kv}), 132);
   ASSERT_TRUE(pl.error.empty()) << pl.error;
   int32_t most = 0;
   for (int c = 0; c < 132; ++c) most = std::max(most, pl.cta_begin[c + 1] - pl.cta_begin[c]);

@@ -12,10 +12,6 @@
 #include "mla/kv_pool.h"
 #include "mla/model.h"
 
-#ifndef MLA_WHOLE
-#define MLA_WHOLE false
-#endif
-
 namespace mla::cuda::absorbed {
 namespace {
 
@@ -379,7 +375,6 @@ __attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, in
 // whole on CTA k (the CTAs past the last request get nothing). Splitting such a batch to fill
 // every CTA gains at most kWholeSlack of the time and costs a second unit (its query tile and
 // pipeline start) on most CTAs, partial writes and the combine kernel.
-inline constexpr bool kWholeRequests = MLA_WHOLE;
 inline constexpr int64_t kWholeSlackDiv = 16;  // within share + share / 16
 __attribute__((noinline)) void place_whole(const Batch& in, PlanOut& out) {
   int32_t num_units = 0;
@@ -462,8 +457,9 @@ int64_t capacity_tiles(const AttnCapacity& cap, int64_t min_rows) {
 
 }  // namespace
 
-int invariant_pieces(int64_t key_tiles) {
-  const int64_t p = (key_tiles + kInvariantSplitTiles - 1) / kInvariantSplitTiles;
+int invariant_pieces(int64_t key_tiles, int64_t row_tiles) {
+  const int64_t per = kInvariantSplitTiles * std::clamp<int64_t>(row_tiles, 1, int64_t{1} << 24);
+  const int64_t p = (std::max<int64_t>(key_tiles, 0) + per - 1) / per;
   return static_cast<int>(std::clamp<int64_t>(p, 1, kInvariantMaxPieces));
 }
 
@@ -664,7 +660,7 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     cut_invariant(in, num_ctas, out);
   } else if (decode) {
     bool whole = false;
-    if constexpr (kWholeRequests) {
+    {
       int64_t items = 0, longest = 0;
       for (int b = 0; b < bs; ++b) {
         if (q_lens[b] == 0) continue;

@@ -1,8 +1,8 @@
 // The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
-// request cut into invariant_pieces(n) pieces of ceil(n / pieces) key tiles, a function of the
-// tile's own extent; a split tile's partial slots are consecutive in key order, so its combine
-// merges them in key order. Only the placement of the pieces on CTAs depends on the batch, and
-// it changes no arithmetic:
+// request cut into invariant_pieces(n, T) pieces of ceil(n / pieces) key tiles, a function of the
+// tile's own extent and the request's row tiles T; a split tile's partial slots are consecutive in
+// key order, so its combine merges them in key order. Only the placement of the pieces on CTAs
+// depends on the batch, and it changes no arithmetic:
 // - Groups, as in the default plan: when every request has at most G = 2..4 row tiles (128
 //   heads, or heads x q_len > 64), the grid splits into G groups of num_ctas / G CTAs and row
 //   tile r of a request runs in group r, on the CTA and at the position that piece k of its
@@ -177,11 +177,12 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
   int64_t q_row = 0;
   for (int b = 0; b < in.bs; ++b) {
     const int64_t rows = int64_t{in.q_lens[b]} * in.heads;
-    max_row_tiles = std::max(max_row_tiles, (rows + in.rows_tile - 1) / in.rows_tile);
+    const int64_t row_tiles = (rows + in.rows_tile - 1) / in.rows_tile;
+    max_row_tiles = std::max(max_row_tiles, row_tiles);
     for (int64_t r = 0; r < rows; r += in.rows_tile) {
       InvTile t;
       t.ref = tile_of(in, b, q_row, r);
-      t.pieces = invariant_pieces(t.ref.tiles);
+      t.pieces = invariant_pieces(t.ref.tiles, row_tiles);
       t.len = t.pieces > 1 ? (t.ref.tiles + t.pieces - 1) / t.pieces : t.ref.tiles;
       t.first_partial = t.pieces > 1 ? next_partial : -1;
       if (t.pieces > 1) {
