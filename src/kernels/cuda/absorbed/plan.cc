@@ -562,12 +562,17 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     below_q |= static_cast<uint32_t>((kl < ql) & (kl != 0));
     max_q = std::max(max_q, ql);
   }
+  // (also the requests with rows and the most costly one, for the whole placement of decode)
   uint64_t q_sum = 0, cost_sum = 0;
+  uint32_t longest = 0, with_rows = 0;
   for (int b = 0; b < bs; ++b) {
     const uint32_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
     q_sum += ql;
-    cost_sum +=
+    const uint32_t cost =
         (((kl + kBlockN - 1) / kBlockN) + kUnitCost) & (0u - static_cast<uint32_t>(ql != 0));
+    cost_sum += cost;
+    longest = std::max(longest, cost);
+    with_rows += static_cast<uint32_t>(ql != 0);
   }
   const bool bad = (sign_bits >> 31) != 0 || (causal && below_q != 0);
   const int64_t q_tokens = static_cast<int64_t>(q_sum);
@@ -659,18 +664,10 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   if (cap.batch_invariant) {
     cut_invariant(in, num_ctas, out);
   } else if (decode) {
-    bool whole = false;
-    {
-      int64_t items = 0, longest = 0;
-      for (int b = 0; b < bs; ++b) {
-        if (q_lens[b] == 0) continue;
-        ++items;
-        longest = std::max<int64_t>(
-            longest, (static_cast<uint32_t>(kv_lens[b]) + kBlockN - 1) / kBlockN + kUnitCost);
-      }
-      const int64_t share = (total_cost + ctas_per_group - 1) / ctas_per_group;
-      whole = items <= ctas_per_group && longest * kWholeSlackDiv <= share * (kWholeSlackDiv + 1);
-    }
+    // Decode: every request is one item whose cost is request_cost's term (total_cost).
+    const int64_t share = (total_cost + ctas_per_group - 1) / ctas_per_group;
+    const bool whole = with_rows <= static_cast<uint32_t>(ctas_per_group) &&
+                       int64_t{longest} * kWholeSlackDiv <= share * (kWholeSlackDiv + 1);
     if (whole) {
       place_whole(in, out);
     } else {

@@ -18,6 +18,7 @@
 //   imbalance where a CTA holds few pieces (variable lengths).
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -142,18 +143,21 @@ int64_t deal_best_fit(const std::vector<InvItem>& items, const std::vector<int32
 // Targets past 2^16 key tiles are not tried (the buckets grow with the target).
 void deal_items(std::vector<InvItem>& items, const std::vector<int32_t>& order, int ctas,
                 InvScratch& sc) {
-  int64_t total = 0, longest = 0;
+  int64_t total = 0, longest = 0, shortest = INT64_MAX;
   for (const InvItem& it : items) {
     total += it.cost;
     longest = std::max<int64_t>(longest, it.cost);
+    shortest = std::min<int64_t>(shortest, it.cost);
   }
   sc.cta.resize(items.size());
   int64_t best = deal_least_loaded(items, order, ctas, sc);
   sc.best_cta = sc.cta;
   const int64_t ideal = std::max((total + ctas - 1) / ctas, longest);
+  // Items of one cost: least loaded is optimal (ceil(items / CTAs) on the most loaded CTA).
+  const bool uniform = shortest == longest;
   for (const int64_t pct : {0, 1, 2, 4, 8}) {
     const int64_t target = ideal + ideal * pct / 100;
-    if (best <= ideal || target >= best || target > (int64_t{1} << 16)) break;
+    if (uniform || best <= ideal || target >= best || target > (int64_t{1} << 16)) break;
     const int64_t m = deal_best_fit(items, order, ctas, target, sc);
     if (m < best) {
       best = m;
@@ -232,8 +236,11 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
   // 3. The items onto the CTAs of a group, longest first.
   order.resize(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return items[a].cost > items[b].cost; });
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const int32_t ca = items[static_cast<std::size_t>(a)].cost;
+    const int32_t cb = items[static_cast<std::size_t>(b)].cost;
+    return ca != cb ? ca > cb : a < b;  // longest first, then in item order
+  });
   deal_items(items, order, ctas_per_group, sc);
   std::vector<int32_t>& per_cta = sc.per_cta;
   per_cta.assign(static_cast<std::size_t>(ctas_per_group) + 1, 0);
