@@ -2,11 +2,14 @@
 # ONE command for the GPU machine (the device tool), over binaries built by scripts/gpu-build.sh:
 #   nvidia-smi; the GPU test suite (gtest JSON); compute-sanitizer memcheck + racecheck on a small
 #   filter; SASS counts of the CUDA kernels (HMMA/HGMMA present, no LDL/STL); `mla bench --device
-#   cuda --json`. Logs and JSON go under $OUT (at most 8 files), a summary table is printed last.
+#   cuda --json`; the Python suite (tests/python, cpu + cuda) over the CUDA wheel that gpu-build.sh
+#   put in the carry. Logs and JSON go under $OUT (at most 8 files come back), a summary table is
+#   printed last.
 # Environment: OUT (default /tmp/mla-gpu-out), GPU_CHECK_QUICK=1 (bench --quick),
 #   GPU_TEST_FILTER (gtest filter for the suite), GPU_BENCH_OPS (default decode,prefill,extend),
 #   GPU_BENCH_DTYPES (decode caches: bf16 (default), fp8 or bf16,fp8),
-#   GPU_SKIP_TESTS=1 / GPU_SKIP_SANITIZER=1 / GPU_SKIP_BENCH=1 / GPU_SKIP_INTEGRATION=1,
+#   GPU_SKIP_TESTS=1 / GPU_SKIP_SANITIZER=1 / GPU_SKIP_BENCH=1 / GPU_SKIP_INTEGRATION=1 /
+#   GPU_SKIP_PYTHON=1, GPU_PYTEST_ARGS (extra pytest arguments),
 #   GPU_SANITIZER_FILTER, GPU_AB="label|dir;label2|dir2" (A/B builds: for each, the absorbed
 #   tests and the quick decode grid with dir/mla_gpu_tests and dir/mla, rows tagged "variant").
 #   GPU_SANITIZE_ALL=1 (the whole GPU suite under memcheck, racecheck, initcheck and synccheck,
@@ -22,12 +25,11 @@ tests="$carry/mla_gpu_tests"
 mla="$carry/mla"
 summary=()
 
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 summary+=("gpu        $(nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null | head -1)")
 
 if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
   timeout "${GPU_TEST_TIMEOUT:-240}" "$tests" --gtest_filter="${GPU_TEST_FILTER:-*}" \
-    --gtest_output=json:"$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1
+    > "$OUT/gpu_tests.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' "$OUT/gpu_tests.log")
   failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log")
@@ -115,6 +117,28 @@ if [ "${GPU_SKIP_INTEGRATION:-0}" != 1 ]; then
     echo "== mla check --device cuda"; timeout 120 "$mla" check --device cuda; echo "check rc=$?"
   } > "$OUT/integration.log" 2>&1
   summary+=("integration $(grep -E ' rc=' "$OUT/integration.log" | tr '\n' ' ')")
+fi
+
+# The Python package on the GPU (issue 9): the wheel gpu-build.sh built here with MLA_CUDA=ON,
+# unpacked into a scratch site (no index there; torch 2.11 and pytest are on the machine), then
+# tests/python: every op and backend against the float64 oracle on cpu and cuda tensors, CUDA
+# graph capture and replay after re-plans, bad inputs, the README quick start.
+if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
+  wheel="$(ls "$carry"/mla-*.whl 2>/dev/null | head -n 1)"
+  if [ -z "$wheel" ]; then
+    summary+=("python     no wheel in $carry (gpu-build.sh builds one when .venv exists)")
+  else
+    site=/tmp/mla-site
+    rm -rf "$site"
+    {
+      python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$wheel"
+      echo "pip rc=$?"
+      (cd "$root/tests/python" && PYTHONPATH="$site" PYTHONUNBUFFERED=1 timeout "${GPU_PYTEST_TIMEOUT:-240}" \
+        python3 -m pytest -q -p no:cacheprovider -rs ${GPU_PYTEST_ARGS:-})
+      echo "pytest rc=$?"
+    } > "$OUT/python.log" 2>&1
+    summary+=("python     $(grep -E '^(pip|pytest) rc=' "$OUT/python.log" | tr '\n' ' ')$(grep -E '(passed|failed|error)' "$OUT/python.log" | tail -n 1)")
+  fi
 fi
 
 if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then

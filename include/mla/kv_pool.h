@@ -8,6 +8,7 @@
 
 #include "mla/batch.h"
 #include "mla/memory.h"
+#include "mla/model.h"
 #include "mla/status.h"
 #include "mla/tensor.h"
 
@@ -39,7 +40,7 @@ struct KvPoolConfig {
   int page_size = 1;
   int max_requests = 0;
   int max_context_len = 0;
-  int latent_dim = 576;
+  int latent_dim = kLatentDim;
   DType dtype = DType::kBF16;  // kBF16 or kFP8E4M3 (per-layer k_scale)
   Device device = Device::cpu();
 };

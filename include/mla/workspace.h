@@ -133,9 +133,10 @@ class GrowableBuffer {
   uint64_t grow_count_ = 0;
 };
 
-// Two-phase carving (CUB style): run the same sequence of carve() calls once on a measuring
-// carver (base nullptr, for the size) and once on the real buffer (for the pointers), so size
-// and layout cannot drift. Every carve is named and 256-B aligned.
+// The one workspace carver of the library (backends, layer, cpu ops). Two-phase carving (CUB
+// style): run the same sequence of carve() calls once on a measuring carver (for the size) and
+// once on the real buffer (for the pointers), so size and layout cannot drift. Every carve is
+// named and 256-B aligned; running out names the buffer, the carve and the shortfall.
 class WorkspaceCarver {
  public:
   // Measures only: carve() returns nullptr, required_bytes() grows.
@@ -155,7 +156,18 @@ class WorkspaceCarver {
   T* carve_as(std::string_view what, std::size_t count) {
     return static_cast<T*>(carve(what, count * sizeof(T)));
   }
+  // The carve as a typed pointer, or kOutOfWorkspace at once (status()); nullptr when measuring
+  // or when count == 0. For code that stops at the first carve that does not fit.
+  template <typename T>
+  StatusOr<T*> take(std::string_view what, std::size_t count) {
+    T* p = carve_as<T>(what, count);
+    if (p == nullptr && !measuring_ && count != 0) return status();
+    return p;
+  }
   std::size_t required_bytes() const { return offset_; }
+  // required_bytes() rounded up to the alignment: the size of a block that is carved again
+  // after itself (per-worker scratch) or summed with others.
+  std::size_t aligned_bytes() const { return align_workspace(offset_); }
   // OK, or kOutOfWorkspace: "workspace 'paged_mla.workspace' has 1048576 bytes, but carve
   // 'absorbed.op' needs 2097152 bytes in total (1048576 more); set MLA_PAGED_WORKSPACE_BYTES".
   Status status() const;
@@ -169,5 +181,17 @@ class WorkspaceCarver {
   bool measuring_ = false;
   std::string first_failed_;  // name of the first carve that did not fit
 };
+
+// Sizes `buffer` for `carve_all(WorkspaceCarver&)` (a measuring pass), grows it, then carves it
+// with the same function: the carving pass's status (OK, or which carve ran out).
+template <typename CarveAll>
+Status carve_buffer(GrowableBuffer& buffer, CarveAll&& carve_all) {
+  WorkspaceCarver measure(buffer.name());
+  carve_all(measure);
+  MLA_RETURN_IF_ERROR(buffer.reserve(measure.required_bytes()));
+  WorkspaceCarver carver(buffer.name(), buffer.data(), buffer.capacity());
+  carve_all(carver);
+  return carver.status();
+}
 
 }  // namespace mla

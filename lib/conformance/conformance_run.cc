@@ -14,6 +14,7 @@
 #include "conformance/conformance.h"
 #include "conformance/reference.h"
 #include "mla/memory.h"
+#include "mla/model.h"
 
 namespace mla::testing {
 namespace {
@@ -200,13 +201,13 @@ StatusOr<Prepared> prepare_absorbed(const OpSet& ops, const ConformanceCase& c, 
   const int64_t t = sum_of(c.q_lens);
   PagedLayout layout = make_paged_layout(c.kv_lens, c.page_size, c.shuffle_pages, rng);
   LatentCache cache = make_latent_cache(layout, c.cache_dtype, c.k_scale, rng);
-  std::vector<bf16> q = random_bf16(t * hc * 576, rng);
+  std::vector<bf16> q = random_bf16(t * hc * kLatentDim, rng);
   const Device d = h.device();
 
   MLA_ASSIGN_OR_RETURN(void* q_dev, h.upload(as_bytes_of(q), "q"));
   MLA_ASSIGN_OR_RETURN(void* cache_dev, h.upload(cache.bytes, "kv_cache"));
   MLA_ASSIGN_OR_RETURN(void* r2t_dev, h.upload(as_bytes_of(layout.req_to_token), "req_to_token"));
-  MLA_ASSIGN_OR_RETURN(OutputSpec * o, h.output("o", DType::kBF16, {t, hc, 512}));
+  MLA_ASSIGN_OR_RETURN(OutputSpec * o, h.output("o", DType::kBF16, {t, hc, kKvLoraRank}));
   MLA_ASSIGN_OR_RETURN(OutputSpec * lse, h.output("lse", DType::kF32, {t, hc}));
 
   const AttnCapacity cap = capacity_for(c);
@@ -222,11 +223,11 @@ StatusOr<Prepared> prepare_absorbed(const OpSet& ops, const ConformanceCase& c, 
   MLA_ASSIGN_OR_RETURN(void* ws, h.scratch(ws_bytes, "workspace"));
 
   AbsorbedArgs args;
-  args.q = view(q_dev, DType::kBF16, d, {t, hc, 576});
-  args.kv_cache = view(cache_dev, c.cache_dtype, d, {layout.num_slots, 576});
+  args.q = view(q_dev, DType::kBF16, d, {t, hc, kLatentDim});
+  args.kv_cache = view(cache_dev, c.cache_dtype, d, {layout.num_slots, kLatentDim});
   args.k_scale = c.k_scale;
   args.req_to_token = view(r2t_dev, DType::kI32, d, {layout.num_rows, layout.max_context_len});
-  args.o = view(o->data(), DType::kBF16, d, {t, hc, 512});
+  args.o = view(o->data(), DType::kBF16, d, {t, hc, kKvLoraRank});
   args.lse = view(lse->data(), DType::kF32, d, {t, hc});
   args.sm_scale = c.sm_scale;
   args.plan = plan_dev;
@@ -264,15 +265,15 @@ StatusOr<Prepared> prepare_mha(const OpSet& ops, const ConformanceCase& c, Harne
   Rng rng(c.seed);
   const int hc = c.num_heads;
   const int64_t tq = sum_of(c.q_lens), tk = sum_of(c.kv_lens);
-  std::vector<bf16> q = random_bf16(tq * hc * 192, rng);
-  std::vector<bf16> k = random_bf16(tk * hc * 192, rng);
-  std::vector<bf16> v = random_bf16(tk * hc * 128, rng);
+  std::vector<bf16> q = random_bf16(tq * hc * kQkHeadDim, rng);
+  std::vector<bf16> k = random_bf16(tk * hc * kQkHeadDim, rng);
+  std::vector<bf16> v = random_bf16(tk * hc * kVHeadDim, rng);
   const std::vector<int32_t> qo_indptr = indptr_of(c.q_lens), kv_indptr = indptr_of(c.kv_lens);
   const Device d = h.device();
   MLA_ASSIGN_OR_RETURN(void* q_dev, h.upload(as_bytes_of(q), "q"));
   MLA_ASSIGN_OR_RETURN(void* k_dev, h.upload(as_bytes_of(k), "k"));
   MLA_ASSIGN_OR_RETURN(void* v_dev, h.upload(as_bytes_of(v), "v"));
-  MLA_ASSIGN_OR_RETURN(OutputSpec * o, h.output("o", DType::kBF16, {tq, hc, 128}));
+  MLA_ASSIGN_OR_RETURN(OutputSpec * o, h.output("o", DType::kBF16, {tq, hc, kVHeadDim}));
   MLA_ASSIGN_OR_RETURN(OutputSpec * lse, h.output("lse", DType::kF32, {tq, hc}));
 
   const AttnCapacity cap = capacity_for(c);
@@ -286,10 +287,10 @@ StatusOr<Prepared> prepare_mha(const OpSet& ops, const ConformanceCase& c, Harne
   MLA_ASSIGN_OR_RETURN(void* ws, h.scratch(ws_bytes, "workspace"));
 
   MhaArgs args;
-  args.q = view(q_dev, DType::kBF16, d, {tq, hc, 192});
-  args.k = view(k_dev, DType::kBF16, d, {tk, hc, 192});
-  args.v = view(v_dev, DType::kBF16, d, {tk, hc, 128});
-  args.o = view(o->data(), DType::kBF16, d, {tq, hc, 128});
+  args.q = view(q_dev, DType::kBF16, d, {tq, hc, kQkHeadDim});
+  args.k = view(k_dev, DType::kBF16, d, {tk, hc, kQkHeadDim});
+  args.v = view(v_dev, DType::kBF16, d, {tk, hc, kVHeadDim});
+  args.o = view(o->data(), DType::kBF16, d, {tq, hc, kVHeadDim});
   args.lse = view(lse->data(), DType::kF32, d, {tq, hc});
   args.sm_scale = c.sm_scale;
   args.plan = plan_dev;
@@ -351,7 +352,7 @@ StatusOr<Prepared> prepare_kv_write(const OpSet& ops, const ConformanceCase& c, 
   if (!ops.kv_write) return Prepared{{}, {}, "kv_write op not in this set"};
   Rng rng(c.seed);
   const int64_t t = c.num_tokens;
-  const int64_t stride = c.src_row_stride > 0 ? c.src_row_stride : 512;
+  const int64_t stride = c.src_row_stride > 0 ? c.src_row_stride : kKvLoraRank;
   const int pg = std::max(1, c.page_size);
   const int64_t num_slots = ((t + pg - 1) / pg + 3) * pg;
   // Distinct slots outside the dummy page, shuffled.
@@ -360,31 +361,33 @@ StatusOr<Prepared> prepare_kv_write(const OpSet& ops, const ConformanceCase& c, 
   std::shuffle(all.begin(), all.end(), rng.engine());
   std::vector<int32_t> loc(all.begin(), all.begin() + t);
   std::vector<bf16> c_kv_buf = random_bf16(t * stride, rng);
-  std::vector<bf16> k_pe = random_bf16(t * 64, rng);
-  std::vector<float> c_kv(static_cast<std::size_t>(t * 512));
+  std::vector<bf16> k_pe = random_bf16(t * kQkRopeDim, rng);
+  std::vector<float> c_kv(static_cast<std::size_t>(t * kKvLoraRank));
   for (int64_t i = 0; i < t; ++i) {
-    for (int j = 0; j < 512; ++j) c_kv[i * 512 + j] = c_kv_buf[i * stride + j].to_float();
+    for (int j = 0; j < kKvLoraRank; ++j)
+      c_kv[i * kKvLoraRank + j] = c_kv_buf[i * stride + j].to_float();
   }
   const Device d = h.device();
   MLA_ASSIGN_OR_RETURN(void* c_kv_dev, h.upload(as_bytes_of(c_kv_buf), "c_kv"));
   MLA_ASSIGN_OR_RETURN(void* k_pe_dev, h.upload(as_bytes_of(k_pe), "k_pe"));
   MLA_ASSIGN_OR_RETURN(void* loc_dev, h.upload(as_bytes_of(loc), "out_cache_loc"));
-  MLA_ASSIGN_OR_RETURN(OutputSpec * cache, h.output("kv_cache", c.cache_dtype, {num_slots, 576}));
+  MLA_ASSIGN_OR_RETURN(OutputSpec * cache,
+                       h.output("kv_cache", c.cache_dtype, {num_slots, kLatentDim}));
   KvWriteArgs args;
-  args.c_kv = view(c_kv_dev, DType::kBF16, d, {t, 512});
+  args.c_kv = view(c_kv_dev, DType::kBF16, d, {t, kKvLoraRank});
   args.c_kv.stride[0] = stride;
-  args.k_pe = view(k_pe_dev, DType::kBF16, d, {t, 64});
+  args.k_pe = view(k_pe_dev, DType::kBF16, d, {t, kQkRopeDim});
   args.out_cache_loc = view(loc_dev, DType::kI32, d, {t});
-  args.kv_cache = view(cache->data(), c.cache_dtype, d, {num_slots, 576});
+  args.kv_cache = view(cache->data(), c.cache_dtype, d, {num_slots, kLatentDim});
   args.k_scale = c.k_scale;
   const OpSet* set = &ops;
   const ExecContext ctx{d, nullptr};
   p.launch = [set, args, ctx] { return set->kv_write->run(args, ctx); };
   std::vector<double> rows = reference_kv_write(c_kv, to_float(k_pe), t, c.cache_dtype, c.k_scale);
-  std::vector<double> expect(static_cast<std::size_t>(num_slots * 576), kNaN);  // untouched
+  std::vector<double> expect(static_cast<std::size_t>(num_slots * kLatentDim), kNaN);  // untouched
   for (int64_t i = 0; i < t; ++i) {
-    std::copy(rows.begin() + i * 576, rows.begin() + (i + 1) * 576,
-              expect.begin() + static_cast<int64_t>(loc[i]) * 576);
+    std::copy(rows.begin() + i * kLatentDim, rows.begin() + (i + 1) * kLatentDim,
+              expect.begin() + static_cast<int64_t>(loc[i]) * kLatentDim);
   }
   p.expected.push_back({std::move(expect), default_tolerance(c.cache_dtype), false});
   return p;
@@ -404,23 +407,23 @@ StatusOr<Prepared> prepare_up_project(const OpSet& ops, const ConformanceCase& c
     }
   }
   const int64_t n = static_cast<int64_t>(slots.size());
-  std::vector<bf16> w = random_bf16(int64_t{hc} * 256 * 512, rng);
+  std::vector<bf16> w = random_bf16(int64_t{hc} * kKvBProjRowsPerHead * kKvLoraRank, rng);
   const Device d = h.device();
   MLA_ASSIGN_OR_RETURN(void* cache_dev, h.upload(cache.bytes, "kv_cache"));
   MLA_ASSIGN_OR_RETURN(void* slots_dev, h.upload(as_bytes_of(slots), "slots"));
   MLA_ASSIGN_OR_RETURN(void* w_dev, h.upload(as_bytes_of(w), "kv_b_proj"));
-  MLA_ASSIGN_OR_RETURN(OutputSpec * k, h.output("k", DType::kBF16, {n, hc, 192}));
-  MLA_ASSIGN_OR_RETURN(OutputSpec * v, h.output("v", DType::kBF16, {n, hc, 128}));
+  MLA_ASSIGN_OR_RETURN(OutputSpec * k, h.output("k", DType::kBF16, {n, hc, kQkHeadDim}));
+  MLA_ASSIGN_OR_RETURN(OutputSpec * v, h.output("v", DType::kBF16, {n, hc, kVHeadDim}));
   const int64_t cap_tokens = std::max<int64_t>(1, n) * std::max(1, c.capacity_factor);
   const std::size_t ws_bytes = ops.up_project->workspace_bytes(cap_tokens, hc);
   MLA_ASSIGN_OR_RETURN(void* ws, h.scratch(ws_bytes, "workspace"));
   UpProjectArgs args;
-  args.kv_cache = view(cache_dev, c.cache_dtype, d, {layout.num_slots, 576});
+  args.kv_cache = view(cache_dev, c.cache_dtype, d, {layout.num_slots, kLatentDim});
   args.k_scale = c.k_scale;
   args.slots = view(slots_dev, DType::kI32, d, {n});
-  args.kv_b_proj = view(w_dev, DType::kBF16, d, {int64_t{hc} * 256, 512});
-  args.k = view(k->data(), DType::kBF16, d, {n, hc, 192});
-  args.v = view(v->data(), DType::kBF16, d, {n, hc, 128});
+  args.kv_b_proj = view(w_dev, DType::kBF16, d, {int64_t{hc} * kKvBProjRowsPerHead, kKvLoraRank});
+  args.k = view(k->data(), DType::kBF16, d, {n, hc, kQkHeadDim});
+  args.v = view(v->data(), DType::kBF16, d, {n, hc, kVHeadDim});
   args.workspace = ws;
   args.workspace_bytes = ws_bytes;
   const OpSet* set = &ops;
@@ -442,14 +445,14 @@ StatusOr<Prepared> prepare_head_gemm(const OpSet& ops, const ConformanceCase& c,
   const int64_t xs = c.x_row_stride > 0 ? c.x_row_stride : kk;
   const int64_t ys = c.y_row_stride > 0 ? c.y_row_stride : nn;
   // Canonical shapes live in a kv_b_proj [H * 256, 512]; anything else in a dense [H, rows, cols].
-  const bool q_abs = !c.transpose_w && kk == 128 && nn == 512;
-  const bool o_proj = c.transpose_w && kk == 512 && nn == 128;
+  const bool q_abs = !c.transpose_w && kk == kQkNopeDim && nn == kKvLoraRank;
+  const bool o_proj = c.transpose_w && kk == kKvLoraRank && nn == kVHeadDim;
   int64_t w_head_stride, w_row_stride, w_offset = 0, w_elems;
   if (q_abs || o_proj) {
-    w_row_stride = 512;
-    w_head_stride = 256 * 512;
-    w_offset = o_proj ? 128 * 512 : 0;
-    w_elems = int64_t{hc} * 256 * 512;
+    w_row_stride = kKvLoraRank;
+    w_head_stride = kKvBProjRowsPerHead * kKvLoraRank;
+    w_offset = o_proj ? kQkNopeDim * kKvLoraRank : 0;
+    w_elems = int64_t{hc} * kKvBProjRowsPerHead * kKvLoraRank;
   } else {
     const int64_t rows = c.transpose_w ? nn : kk, cols = c.transpose_w ? kk : nn;
     w_row_stride = cols;

@@ -9,6 +9,7 @@
 #include "conformance/case_gen.h"
 #include "conformance/reference.h"
 #include "mla/kv_pool.h"
+#include "mla/model.h"
 
 namespace mla::cli {
 namespace {
@@ -35,10 +36,10 @@ StatusOr<std::unique_ptr<SimLayer>> SimLayer::create(const ModelDims& model, Dev
                       std::vector<SlotSource>(static_cast<std::size_t>(num_slots)));
   l->rng_.seed(seed);
   const int64_t H = model.num_heads;
-  l->noise_elems_ = max_tokens * H * 128 + kNoiseSlack;
+  l->noise_elems_ = max_tokens * H * kQkNopeDim + kNoiseSlack;
   testing::Rng rng(seed);
   l->noise_host_ = testing::random_bf16(l->noise_elems_, rng, kActivationStd);
-  l->weight_host_ = testing::random_bf16(H * 256 * 512, rng, kWeightStd);
+  l->weight_host_ = testing::random_bf16(H * kKvBProjRowsPerHead * kKvLoraRank, rng, kWeightStd);
   DeviceRuntime* rt = device_runtime(device.type);
   MLA_CHECK_ARG(rt != nullptr, "sim layer: no runtime for {}", device.to_string());
   auto alloc = [&](int64_t elems, const char* name) {
@@ -46,14 +47,16 @@ StatusOr<std::unique_ptr<SimLayer>> SimLayer::create(const ModelDims& model, Dev
                                   "sim", false);
   };
   MLA_ASSIGN_OR_RETURN(l->noise_, alloc(l->noise_elems_, "sim.activations"));
-  MLA_ASSIGN_OR_RETURN(l->kv_b_proj_, alloc(H * 256 * 512, "sim.kv_b_proj"));
-  MLA_ASSIGN_OR_RETURN(l->o_, alloc(max_tokens * H * 128, "sim.o"));
+  MLA_ASSIGN_OR_RETURN(l->kv_b_proj_,
+                       alloc(H * kKvBProjRowsPerHead * kKvLoraRank, "sim.kv_b_proj"));
+  MLA_ASSIGN_OR_RETURN(l->o_, alloc(max_tokens * H * kVHeadDim, "sim.o"));
   MLA_RETURN_IF_ERROR(
       rt->copy_to_device(l->noise_.data(), l->noise_host_.data(), l->noise_.bytes(), nullptr));
   MLA_RETURN_IF_ERROR(rt->copy_to_device(l->kv_b_proj_.data(), l->weight_host_.data(),
                                          l->kv_b_proj_.bytes(), nullptr));
   MLA_RETURN_IF_ERROR(rt->synchronize(nullptr));
-  const TensorView w(l->kv_b_proj_.data(), DType::kBF16, device, {H * 256, 512});
+  const TensorView w(l->kv_b_proj_.data(), DType::kBF16, device,
+                     {H * kKvBProjRowsPerHead, kKvLoraRank});
   for (int i = 0; i < num_layers; ++i) {
     MLA_ASSIGN_OR_RETURN(auto layer, MlaLayer::create(model, i, w, device));
     l->layers_.push_back(std::move(layer));
@@ -86,7 +89,8 @@ Status SimLayer::record_kv(const ForwardBatch& batch, int layer, int64_t off_ckv
     MLA_CHECK_ARG(slot >= 0 && slot < static_cast<int64_t>(model.size()),
                   "sim layer: out_cache_loc[{}] = {} is outside the pool's {} slots", t, slot,
                   model.size());
-    model[static_cast<std::size_t>(slot)] = SlotSource{off_ckv + t * 512, off_kpe + t * 64};
+    model[static_cast<std::size_t>(slot)] =
+        SlotSource{off_ckv + t * kKvLoraRank, off_kpe + t * kQkRopeDim};
   }
   return Status::Ok();
 }
@@ -99,10 +103,10 @@ Status SimLayer::forward(AttentionBackend& backend, const ForwardBatch& batch, i
   off_q_ = pick_offset();
   off_qpe_ = pick_offset();
   const int64_t off_ckv = pick_offset(), off_kpe = pick_offset();
-  const TensorView o(o_.data(), DType::kBF16, device_, {T, H, 128});
+  const TensorView o(o_.data(), DType::kBF16, device_, {T, H, kVHeadDim});
   MLA_RETURN_IF_ERROR(layers_[static_cast<std::size_t>(layer)]->forward(
-      backend, noise_view(off_q_, {T, H, 128}), noise_view(off_qpe_, {T, H, 64}),
-      noise_view(off_ckv, {T, 512}), noise_view(off_kpe, {T, 64}), o, ctx_));
+      backend, noise_view(off_q_, {T, H, kQkNopeDim}), noise_view(off_qpe_, {T, H, kQkRopeDim}),
+      noise_view(off_ckv, {T, kKvLoraRank}), noise_view(off_kpe, {T, kQkRopeDim}), o, ctx_));
   // The KV model: what the batch's real tokens should have written, slot by slot.
   return record_kv(batch, layer, off_ckv, off_kpe);
 }
@@ -111,8 +115,8 @@ Status SimLayer::write_kv(AttentionBackend& backend, const ForwardBatch& batch, 
                           int64_t T) {
   MLA_RETURN_IF_ERROR(check_forward_args(batch, layer, T));
   const int64_t off_ckv = pick_offset(), off_kpe = pick_offset();
-  MLA_RETURN_IF_ERROR(backend.save_kv_cache(layer, noise_view(off_ckv, {T, 512}),
-                                            noise_view(off_kpe, {T, 64}), ctx_));
+  MLA_RETURN_IF_ERROR(backend.save_kv_cache(layer, noise_view(off_ckv, {T, kKvLoraRank}),
+                                            noise_view(off_kpe, {T, kQkRopeDim}), ctx_));
   // No output was computed: a check must follow a forward, not this.
   last_tokens_ = 0;
   return record_kv(batch, layer, off_ckv, off_kpe);
@@ -120,8 +124,10 @@ Status SimLayer::write_kv(AttentionBackend& backend, const ForwardBatch& batch, 
 
 namespace {
 
-constexpr double kRowMacsFixed = 2.0 * 128 * 512;  // q_nope @ W_UK and o_latent @ W_UV per head
-constexpr double kKeyMacs = 1088.0;                // q . k (576) and p * v (512) per head and key
+constexpr double kRowMacsFixed =
+    2.0 * kQkNopeDim * kKvLoraRank;  // q_nope @ W_UK and o_latent @ W_UV per head
+constexpr double kKeyMacs =
+    double{kLatentDim + kKvLoraRank};  // q . k (576) and p * v (512) per head and key
 
 }  // namespace
 
@@ -212,11 +218,11 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
             b, p, slot);
       }
       table[static_cast<std::size_t>(b) * max_kv + p] = next++;
-      const bf16* stored = cache_host.data() + static_cast<std::size_t>(slot) * 576;
+      const bf16* stored = cache_host.data() + static_cast<std::size_t>(slot) * kLatentDim;
       bool same = true;
-      for (int d = 0; d < 576; ++d) {
-        const bf16 want =
-            noise_host_[static_cast<std::size_t>(d < 512 ? src.c_kv + d : src.k_pe + (d - 512))];
+      for (int d = 0; d < kLatentDim; ++d) {
+        const bf16 want = noise_host_[static_cast<std::size_t>(
+            d < kKvLoraRank ? src.c_kv + d : src.k_pe + (d - kKvLoraRank))];
         keys.push_back(want.to_float());
         same = same && stored[d].bits == want.bits;
       }
@@ -234,13 +240,14 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
 
   // The reference of the sampled rows and heads: each row a q_len-1 problem over the keys it sees.
   const int64_t R = static_cast<int64_t>(rows.size());
-  std::vector<float> q_nope(static_cast<std::size_t>(R * heads * 128));
-  std::vector<float> q_pe(static_cast<std::size_t>(R * heads * 64));
-  std::vector<float> w(static_cast<std::size_t>(heads) * 256 * 512);
+  std::vector<float> q_nope(static_cast<std::size_t>(R * heads * kQkNopeDim));
+  std::vector<float> q_pe(static_cast<std::size_t>(R * heads * kQkRopeDim));
+  std::vector<float> w(static_cast<std::size_t>(heads) * kKvBProjRowsPerHead * kKvLoraRank);
   for (int k = 0; k < heads; ++k) {
     const std::size_t h = static_cast<std::size_t>(head_ids[k]);
-    for (std::size_t e = 0; e < 256 * 512; ++e) {
-      w[k * 256 * 512 + e] = weight_host_[h * 256 * 512 + e].to_float();
+    for (std::size_t e = 0; e < kKvBProjRowsPerHead * kKvLoraRank; ++e) {
+      w[k * kKvBProjRowsPerHead * kKvLoraRank + e] =
+          weight_host_[h * kKvBProjRowsPerHead * kKvLoraRank + e].to_float();
     }
   }
   std::vector<int32_t> req_rows, q_lens, kv_lens;
@@ -248,14 +255,14 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
     const Row& row = rows[static_cast<std::size_t>(r)];
     for (int k = 0; k < heads; ++k) {
       const int64_t h = head_ids[k];
-      for (int d = 0; d < 128; ++d) {
-        q_nope[static_cast<std::size_t>((r * heads + k) * 128 + d)] =
-            noise_host_[static_cast<std::size_t>(off_q_ + (row.token * H + h) * 128 + d)]
+      for (int d = 0; d < kQkNopeDim; ++d) {
+        q_nope[static_cast<std::size_t>((r * heads + k) * kQkNopeDim + d)] =
+            noise_host_[static_cast<std::size_t>(off_q_ + (row.token * H + h) * kQkNopeDim + d)]
                 .to_float();
       }
-      for (int d = 0; d < 64; ++d) {
-        q_pe[static_cast<std::size_t>((r * heads + k) * 64 + d)] =
-            noise_host_[static_cast<std::size_t>(off_qpe_ + (row.token * H + h) * 64 + d)]
+      for (int d = 0; d < kQkRopeDim; ++d) {
+        q_pe[static_cast<std::size_t>((r * heads + k) * kQkRopeDim + d)] =
+            noise_host_[static_cast<std::size_t>(off_qpe_ + (row.token * H + h) * kQkRopeDim + d)]
                 .to_float();
       }
     }
@@ -264,16 +271,17 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
     kv_lens.push_back(row.visible);
   }
   const std::vector<double> q_abs_nope =
-      testing::reference_head_gemm(q_nope, w, R, heads, 128, 512, 256 * 512, 512, false);
-  std::vector<float> q_abs(static_cast<std::size_t>(R * heads * 576));
+      testing::reference_head_gemm(q_nope, w, R, heads, kQkNopeDim, kKvLoraRank,
+                                   kKvBProjRowsPerHead * kKvLoraRank, kKvLoraRank, false);
+  std::vector<float> q_abs(static_cast<std::size_t>(R * heads * kLatentDim));
   for (int64_t r = 0; r < R * heads; ++r) {
-    for (int d = 0; d < 512; ++d) {
-      q_abs[static_cast<std::size_t>(r * 576 + d)] =
-          static_cast<float>(q_abs_nope[static_cast<std::size_t>(r * 512 + d)]);
+    for (int d = 0; d < kKvLoraRank; ++d) {
+      q_abs[static_cast<std::size_t>(r * kLatentDim + d)] =
+          static_cast<float>(q_abs_nope[static_cast<std::size_t>(r * kKvLoraRank + d)]);
     }
-    for (int d = 0; d < 64; ++d) {
-      q_abs[static_cast<std::size_t>(r * 576 + 512 + d)] =
-          q_pe[static_cast<std::size_t>(r * 64 + d)];
+    for (int d = 0; d < kQkRopeDim; ++d) {
+      q_abs[static_cast<std::size_t>(r * kLatentDim + kKvLoraRank + d)] =
+          q_pe[static_cast<std::size_t>(r * kQkRopeDim + d)];
     }
   }
   testing::AbsorbedRefProblem p;
@@ -288,11 +296,11 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
   p.kv_lens = kv_lens;
   const testing::RefAttention att = testing::reference_absorbed(p, q_abs, keys);
   const std::vector<float> o_lat(att.o.begin(), att.o.end());
-  const std::vector<double> ref =
-      testing::reference_head_gemm(o_lat, std::span<const float>(w).subspan(128 * 512), R, heads,
-                                   512, 128, 256 * 512, 512, true);
+  const std::vector<double> ref = testing::reference_head_gemm(
+      o_lat, std::span<const float>(w).subspan(kQkNopeDim * kKvLoraRank), R, heads, kKvLoraRank,
+      kVHeadDim, kKvBProjRowsPerHead * kKvLoraRank, kKvLoraRank, true);
 
-  std::vector<bf16> o_host(static_cast<std::size_t>(T * H * 128));
+  std::vector<bf16> o_host(static_cast<std::size_t>(T * H * kVHeadDim));
   MLA_RETURN_IF_ERROR(
       rt->copy_to_host(o_host.data(), o_.data(), o_host.size() * sizeof(bf16), nullptr));
   for (int64_t r = 0; r < R; ++r) {
@@ -300,10 +308,11 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
     double num = 0.0, den = 0.0;
     bool finite = true;
     for (int k = 0; k < heads; ++k) {
-      for (int d = 0; d < 128; ++d) {
+      for (int d = 0; d < kVHeadDim; ++d) {
         const double got =
-            o_host[static_cast<std::size_t>((row.token * H + head_ids[k]) * 128 + d)].to_float();
-        const double want = ref[static_cast<std::size_t>((r * heads + k) * 128 + d)];
+            o_host[static_cast<std::size_t>((row.token * H + head_ids[k]) * kVHeadDim + d)]
+                .to_float();
+        const double want = ref[static_cast<std::size_t>((r * heads + k) * kVHeadDim + d)];
         finite = finite && std::isfinite(got);
         num += (got - want) * (got - want);
         den += want * want;

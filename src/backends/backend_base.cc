@@ -9,8 +9,6 @@
 namespace mla::backends {
 namespace {
 
-constexpr int kLatentDim = 576;
-
 int64_t to_i64(std::size_t v) { return static_cast<int64_t>(v); }
 
 }  // namespace
@@ -31,14 +29,37 @@ BackendBase::BackendBase(std::string name, const BackendContext& ctx, const OpSe
   options_.chunked_prefix_capacity = std::max<int64_t>(chunk_capacity(ctx.options, ops), 1);
 }
 
+// The carves of mha_chunk_kv, in order: the one function behind its size (chunk_rows_bytes, the
+// fixed part in plan_mha_chunks) and its layout (layout_chunk_scratch).
+void BackendBase::carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s) {
+  const auto H = static_cast<std::size_t>(n.num_heads);
+  const auto rows = static_cast<std::size_t>(n.kv_rows);
+  const auto tmp = static_cast<std::size_t>(n.tmp_tokens);
+  s->slots = c.carve_as<int32_t>("slots", static_cast<std::size_t>(n.num_slots));
+  s->k = c.carve("k", rows * H * kQkHeadDim * 2);
+  s->v = c.carve("v", rows * H * kVHeadDim * 2);
+  s->o_tmp = c.carve("o_tmp", tmp * H * kVHeadDim * 2);
+  s->lse_tmp = c.carve_as<float>("lse_tmp", tmp * H);
+  s->up_ws = c.carve("up_project", n.up_bytes);
+  s->up_ws_bytes = n.up_bytes;
+}
+
+std::size_t BackendBase::chunk_carves_bytes(const ChunkCarves& n) {
+  WorkspaceCarver measure("mha_chunk_kv");
+  ChunkScratch unused;
+  carve_chunk_scratch(measure, n, &unused);
+  return measure.aligned_bytes();
+}
+
 std::size_t BackendBase::chunk_rows_bytes(int64_t rows, int num_heads, const OpSet* ops,
                                           bool with_slots) {
-  const auto H = static_cast<std::size_t>(num_heads);
-  const auto n = static_cast<std::size_t>(rows);
-  const std::size_t up =
+  ChunkCarves n;
+  n.num_heads = num_heads;
+  n.num_slots = with_slots ? rows : 0;
+  n.kv_rows = rows;
+  n.up_bytes =
       ops != nullptr && ops->up_project ? ops->up_project->workspace_bytes(rows, num_heads) : 0;
-  return (with_slots ? align_workspace(n * 4) : 0) + align_workspace(n * H * 192 * 2) +
-         align_workspace(n * H * 128 * 2) + align_workspace(up);
+  return chunk_carves_bytes(n);
 }
 
 int64_t BackendBase::rows_within(std::size_t budget, int64_t max_rows, int num_heads,
@@ -199,25 +220,14 @@ Status BackendBase::layout_op_scratch(std::size_t op_bytes) {
 }
 
 Status BackendBase::layout_chunk_scratch(int64_t num_slots, int64_t kv_rows, int64_t tmp_tokens) {
-  const int64_t H = options_.model.num_heads;
-  const std::size_t up_bytes =
-      ops_->up_project ? ops_->up_project->workspace_bytes(kv_rows, static_cast<int>(H)) : 0;
-  auto carve_all = [&](WorkspaceCarver& c, ChunkScratch* s) {
-    s->slots = c.carve_as<int32_t>("slots", static_cast<std::size_t>(num_slots));
-    s->k = c.carve("k", static_cast<std::size_t>(kv_rows * H * 192 * 2));
-    s->v = c.carve("v", static_cast<std::size_t>(kv_rows * H * 128 * 2));
-    s->o_tmp = c.carve("o_tmp", static_cast<std::size_t>(tmp_tokens * H * 128 * 2));
-    s->lse_tmp = c.carve_as<float>("lse_tmp", static_cast<std::size_t>(tmp_tokens * H));
-    s->up_ws = c.carve("up_project", up_bytes);
-    s->up_ws_bytes = up_bytes;
-  };
-  WorkspaceCarver measure(mha_chunk_kv_.name());
-  ChunkScratch unused;
-  carve_all(measure, &unused);
-  MLA_RETURN_IF_ERROR(mha_chunk_kv_.reserve(measure.required_bytes()));
-  WorkspaceCarver carver(mha_chunk_kv_.name(), mha_chunk_kv_.data(), mha_chunk_kv_.capacity());
-  carve_all(carver, &chunk_scratch_);
-  return carver.status();
+  ChunkCarves n;
+  n.num_heads = options_.model.num_heads;
+  n.num_slots = num_slots;
+  n.kv_rows = kv_rows;
+  n.tmp_tokens = tmp_tokens;
+  n.up_bytes = ops_->up_project ? ops_->up_project->workspace_bytes(kv_rows, n.num_heads) : 0;
+  return carve_buffer(mha_chunk_kv_,
+                      [&](WorkspaceCarver& c) { carve_chunk_scratch(c, n, &chunk_scratch_); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -299,10 +309,11 @@ Status BackendBase::plan_mha_chunks() {
   const int H = options_.model.num_heads;
   int64_t prefix_total = 0;
   for (int32_t p : host_.prefix_lens) prefix_total += p;
-  const auto T = static_cast<std::size_t>(num_tokens_);
-  const std::size_t fixed = align_workspace(static_cast<std::size_t>(prefix_total) * 4) +
-                            align_workspace(T * static_cast<std::size_t>(H) * 128 * 2) +
-                            align_workspace(T * static_cast<std::size_t>(H) * 4);
+  ChunkCarves fixed_carves;  // what does not grow with the rows: slot list, per-token partials
+  fixed_carves.num_heads = H;
+  fixed_carves.num_slots = prefix_total;
+  fixed_carves.tmp_tokens = num_tokens_;
+  const std::size_t fixed = chunk_carves_bytes(fixed_carves);
   const std::size_t budget = options_.mha_chunk_kv_budget_bytes;
   const int64_t capacity =
       fixed < budget ? rows_within(budget - fixed, options_.chunked_prefix_capacity, H, ops_,

@@ -149,6 +149,17 @@ class BackendBase : public AttentionBackend {
   Status collect(const ForwardBatch& batch);  // fills host_ from the batch
   Status layout_op_scratch(std::size_t op_bytes);
   Status layout_chunk_scratch(int64_t num_slots, int64_t kv_rows, int64_t tmp_tokens);
+  // What mha_chunk_kv holds: a slot list, up-projected k / v rows, per-new-token partials and
+  // the up-projection's workspace.
+  struct ChunkCarves {
+    int num_heads = 0;
+    int64_t num_slots = 0;
+    int64_t kv_rows = 0;
+    int64_t tmp_tokens = 0;
+    std::size_t up_bytes = 0;
+  };
+  static void carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s);
+  static std::size_t chunk_carves_bytes(const ChunkCarves& n);
   Status upload(void* dst, const void* src, std::size_t bytes);
   Status plan_absorbed(const AttnCapacity& cap, GrowableBuffer* eager_plan, void* graph_plan);
   Status plan_mha_main(ForwardMethod method);

@@ -24,8 +24,10 @@ Status BackendBase::save_kv_cache(int layer, const TensorView& c_kv, const Tenso
   MLA_CHECK_ARG(layer >= 0 && layer < pc.num_layers, "{}: layer = {} is outside 0..{}", name_,
                 layer, pc.num_layers - 1);
   const Device dev = options_.device;
-  MLA_RETURN_IF_ERROR(expect_tensor(c_kv, "c_kv", DType::kBF16, {num_tokens_, 512}, dev, false));
-  MLA_RETURN_IF_ERROR(expect_tensor(k_pe, "k_pe", DType::kBF16, {num_tokens_, 64}, dev, false));
+  MLA_RETURN_IF_ERROR(
+      expect_tensor(c_kv, "c_kv", DType::kBF16, {num_tokens_, kKvLoraRank}, dev, false));
+  MLA_RETURN_IF_ERROR(
+      expect_tensor(k_pe, "k_pe", DType::kBF16, {num_tokens_, kQkRopeDim}, dev, false));
   if (num_tokens_ == 0) return Status::Ok();
   KvWriteArgs args;
   args.c_kv = c_kv;
@@ -67,8 +69,10 @@ Status BackendBase::run_absorbed(const AttentionInputs& in, const AttentionOutpu
   const int64_t T = num_tokens_;
   const int64_t H = options_.model.num_heads;
   const Device dev = options_.device;
-  MLA_RETURN_IF_ERROR(expect_tensor(in.q_absorbed, "q_absorbed", DType::kBF16, {T, H, 576}, dev));
-  MLA_RETURN_IF_ERROR(expect_tensor(out.o_latent, "o_latent", DType::kBF16, {T, H, 512}, dev));
+  MLA_RETURN_IF_ERROR(
+      expect_tensor(in.q_absorbed, "q_absorbed", DType::kBF16, {T, H, kLatentDim}, dev));
+  MLA_RETURN_IF_ERROR(
+      expect_tensor(out.o_latent, "o_latent", DType::kBF16, {T, H, kKvLoraRank}, dev));
   MLA_ASSIGN_OR_RETURN(TensorView lse, lse_view(out, T));
   if (in.save_kv_cache) MLA_RETURN_IF_ERROR(save_kv_cache(in.layer, in.c_kv, in.k_pe, ctx));
   if (T == 0) return Status::Ok();
@@ -95,15 +99,16 @@ Status BackendBase::run_up_project(const AttentionInputs& in, const int32_t* slo
   if (op == nullptr) return unsupported("{}: op set '{}' has no up_project op", name_, ops_->name);
   const int64_t H = options_.model.num_heads;
   const Device dev = options_.device;
-  MLA_RETURN_IF_ERROR(expect_tensor(in.kv_b_proj, "kv_b_proj", DType::kBF16, {H * 256, 512}, dev));
+  MLA_RETURN_IF_ERROR(expect_tensor(in.kv_b_proj, "kv_b_proj", DType::kBF16,
+                                    {H * kKvBProjRowsPerHead, kKvLoraRank}, dev));
   const KvPoolConfig& pc = pool_->config();
   UpProjectArgs args;
   args.kv_cache = pool_->layer_cache(in.layer);
   args.k_scale = pc.dtype == DType::kFP8E4M3 ? pool_->k_scale(in.layer) : 1.0f;
   args.slots = view(const_cast<int32_t*>(slots), DType::kI32, dev, {n});
   args.kv_b_proj = in.kv_b_proj;
-  args.k = view(chunk_scratch_.k, DType::kBF16, dev, {n, H, 192});
-  args.v = view(chunk_scratch_.v, DType::kBF16, dev, {n, H, 128});
+  args.k = view(chunk_scratch_.k, DType::kBF16, dev, {n, H, kQkHeadDim});
+  args.v = view(chunk_scratch_.v, DType::kBF16, dev, {n, H, kVHeadDim});
   args.workspace = chunk_scratch_.up_ws;
   args.workspace_bytes = chunk_scratch_.up_ws_bytes;
   return op->run(args, ctx);
@@ -127,11 +132,11 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
                   "init_mha_chunk_metadata after init_forward_metadata",
                   name_);
   }
-  MLA_RETURN_IF_ERROR(expect_tensor(in.q, "q", DType::kBF16, {T, H, 192}, dev));
-  MLA_RETURN_IF_ERROR(expect_tensor(out.o, "o", DType::kBF16, {T, H, 128}, dev));
+  MLA_RETURN_IF_ERROR(expect_tensor(in.q, "q", DType::kBF16, {T, H, kQkHeadDim}, dev));
+  MLA_RETURN_IF_ERROR(expect_tensor(out.o, "o", DType::kBF16, {T, H, kVHeadDim}, dev));
   if (!gather) {
-    MLA_RETURN_IF_ERROR(expect_tensor(in.k, "k", DType::kBF16, {T, H, 192}, dev));
-    MLA_RETURN_IF_ERROR(expect_tensor(in.v, "v", DType::kBF16, {T, H, 128}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(in.k, "k", DType::kBF16, {T, H, kQkHeadDim}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(in.v, "v", DType::kBF16, {T, H, kVHeadDim}, dev));
   }
   MLA_ASSIGN_OR_RETURN(TensorView lse, lse_view(out, T));
   if (in.save_kv_cache) MLA_RETURN_IF_ERROR(save_kv_cache(in.layer, in.c_kv, in.k_pe, ctx));
@@ -147,8 +152,8 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
   args.workspace_bytes = scratch_.op_bytes;
   if (gather) {
     MLA_RETURN_IF_ERROR(run_up_project(in, chunk_scratch_.slots, kv_tokens_, ctx));
-    args.k = view(chunk_scratch_.k, DType::kBF16, dev, {kv_tokens_, H, 192});
-    args.v = view(chunk_scratch_.v, DType::kBF16, dev, {kv_tokens_, H, 128});
+    args.k = view(chunk_scratch_.k, DType::kBF16, dev, {kv_tokens_, H, kQkHeadDim});
+    args.v = view(chunk_scratch_.v, DType::kBF16, dev, {kv_tokens_, H, kVHeadDim});
   } else {
     args.k = in.k;
     args.v = in.v;
@@ -158,14 +163,14 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
 
   const MergeOp* merge = ops_->merge.get();
   if (merge == nullptr) return unsupported("{}: op set '{}' has no merge op", name_, ops_->name);
-  const TensorView o_tmp = view(chunk_scratch_.o_tmp, DType::kBF16, dev, {T, H, 128});
+  const TensorView o_tmp = view(chunk_scratch_.o_tmp, DType::kBF16, dev, {T, H, kVHeadDim});
   const TensorView lse_tmp = view(chunk_scratch_.lse_tmp, DType::kF32, dev, {T, H});
   for (int c = 0; c < chunks_.num_chunks; ++c) {
     const int64_t n = chunks_.num_tokens[c];
     MLA_RETURN_IF_ERROR(run_up_project(in, chunk_scratch_.slots + chunks_.kv_offsets[c], n, ctx));
     MhaArgs chunk = args;
-    chunk.k = view(chunk_scratch_.k, DType::kBF16, dev, {n, H, 192});
-    chunk.v = view(chunk_scratch_.v, DType::kBF16, dev, {n, H, 128});
+    chunk.k = view(chunk_scratch_.k, DType::kBF16, dev, {n, H, kQkHeadDim});
+    chunk.v = view(chunk_scratch_.v, DType::kBF16, dev, {n, H, kVHeadDim});
     chunk.o = o_tmp;
     chunk.lse = lse_tmp;
     chunk.plan = static_cast<const std::byte*>(mha_chunk_plan_.data()) + chunk_plan_offsets_[c];

@@ -5,11 +5,14 @@ namespace mla {
 Status ModelDims::validate() const {
   MLA_CHECK_ARG(is_supported_head_count(num_heads),
                 "model.num_heads = {} is not supported (16, 32, 64 or 128)", num_heads);
-  MLA_CHECK_ARG(kv_lora_rank == 512, "model.kv_lora_rank = {} (only 512 is supported)",
-                kv_lora_rank);
-  MLA_CHECK_ARG(qk_rope_dim == 64, "model.qk_rope_dim = {} (only 64 is supported)", qk_rope_dim);
-  MLA_CHECK_ARG(qk_nope_dim == 128, "model.qk_nope_dim = {} (only 128 is supported)", qk_nope_dim);
-  MLA_CHECK_ARG(v_head_dim == 128, "model.v_head_dim = {} (only 128 is supported)", v_head_dim);
+  MLA_CHECK_ARG(kv_lora_rank == kKvLoraRank, "model.kv_lora_rank = {} (only {} is supported)",
+                kv_lora_rank, kKvLoraRank);
+  MLA_CHECK_ARG(qk_rope_dim == kQkRopeDim, "model.qk_rope_dim = {} (only {} is supported)",
+                qk_rope_dim, kQkRopeDim);
+  MLA_CHECK_ARG(qk_nope_dim == kQkNopeDim, "model.qk_nope_dim = {} (only {} is supported)",
+                qk_nope_dim, kQkNopeDim);
+  MLA_CHECK_ARG(v_head_dim == kVHeadDim, "model.v_head_dim = {} (only {} is supported)", v_head_dim,
+                kVHeadDim);
   MLA_CHECK_ARG(num_layers >= 1, "model.num_layers = {} must be >= 1", num_layers);
   MLA_CHECK_ARG(sm_scale > 0.f, "model.sm_scale = {} must be > 0", sm_scale);
   return Status::Ok();

@@ -7,13 +7,13 @@
 namespace mla {
 namespace {
 
-constexpr int64_t kNope = 128;  // qk_nope_dim
-constexpr int64_t kRope = 64;   // qk_rope_dim
-constexpr int64_t kRank = 512;  // kv_lora_rank
-constexpr int64_t kLatent = 576;
-constexpr int64_t kQkDim = 192;
-constexpr int64_t kVDim = 128;
-constexpr int64_t kHeadRows = 256;  // W_UK[h] and W_UV[h] rows per head in kv_b_proj
+constexpr int64_t kNope = kQkNopeDim;
+constexpr int64_t kRope = kQkRopeDim;
+constexpr int64_t kRank = kKvLoraRank;
+constexpr int64_t kLatent = kLatentDim;
+constexpr int64_t kQkDim = kQkHeadDim;
+constexpr int64_t kVDim = kVHeadDim;
+constexpr int64_t kHeadRows = kKvBProjRowsPerHead;  // rows of W_UK[h] and W_UV[h] in kv_b_proj
 
 StatusOr<const OpSet*> find_ops(Device device, std::string_view op_set) {
   const OpSet* ops = op_set.empty() ? OpRegistry::global().default_for(device.type)
@@ -29,8 +29,9 @@ Status check_dims(const ModelDims& d) {
   MLA_RETURN_IF_ERROR(d.validate());
   MLA_CHECK_ARG(d.kv_lora_rank == kRank && d.qk_rope_dim == kRope && d.qk_nope_dim == kNope &&
                     d.v_head_dim == kVDim,
-                "mla layer: dims ({}, {}, {}, {}) are not the MLA shapes (512, 64, 128, 128)",
-                d.kv_lora_rank, d.qk_rope_dim, d.qk_nope_dim, d.v_head_dim);
+                "mla layer: dims ({}, {}, {}, {}) are not the MLA shapes ({}, {}, {}, {})",
+                d.kv_lora_rank, d.qk_rope_dim, d.qk_nope_dim, d.v_head_dim, kRank, kRope, kNope,
+                kVDim);
   return Status::Ok();
 }
 
@@ -119,9 +120,12 @@ Status MlaLayer::forward_absorbed(AttentionBackend& backend, const TensorView& q
   const int64_t T = q_nope.shape[0], H = dims_.num_heads;
   const std::size_t q_bytes = static_cast<std::size_t>(T * H * kLatent) * 2;
   const std::size_t o_lat_bytes = static_cast<std::size_t>(T * H * kRank) * 2;
-  MLA_RETURN_IF_ERROR(scratch_.reserve(align_workspace(q_bytes) + o_lat_bytes));
-  void* q_buf = scratch_.data();  // bf16 [T, H, 576]
-  void* o_lat = static_cast<std::byte*>(scratch_.data()) + align_workspace(q_bytes);  // [T, H, 512]
+  void* q_buf = nullptr;  // bf16 [T, H, 576]
+  void* o_lat = nullptr;  // bf16 [T, H, 512]
+  MLA_RETURN_IF_ERROR(carve_buffer(scratch_, [&](WorkspaceCarver& c) {
+    q_buf = c.carve("q_absorbed", q_bytes);
+    o_lat = c.carve("o_latent", o_lat_bytes);
+  }));
 
   HeadGemmArgs up;
   up.x = q_nope;
@@ -174,14 +178,16 @@ Status MlaLayer::forward_mha(AttentionBackend& backend, const TensorView& q_nope
   const std::size_t up_ws = ops_->up_project->workspace_bytes(T, static_cast<int>(H));
   const std::size_t qk_bytes = static_cast<std::size_t>(T * H * kQkDim) * 2;
   const std::size_t v_bytes = static_cast<std::size_t>(T * H * kVDim) * 2;
-  const std::size_t total =
-      2 * align_workspace(qk_bytes) + align_workspace(v_bytes) + align_workspace(up_ws);
-  MLA_RETURN_IF_ERROR(scratch_.reserve(total));
-  auto* base = static_cast<std::byte*>(scratch_.data());
-  void* q_buf = base;                                  // bf16 [T, H, 192]
-  void* k_buf = base + align_workspace(qk_bytes);      // bf16 [T, H, 192]
-  void* v_buf = base + 2 * align_workspace(qk_bytes);  // bf16 [T, H, 128]
-  void* ws = base + 2 * align_workspace(qk_bytes) + align_workspace(v_bytes);
+  void* q_buf = nullptr;  // bf16 [T, H, 192]
+  void* k_buf = nullptr;  // bf16 [T, H, 192]
+  void* v_buf = nullptr;  // bf16 [T, H, 128]
+  void* ws = nullptr;     // the up-projection's workspace
+  MLA_RETURN_IF_ERROR(carve_buffer(scratch_, [&](WorkspaceCarver& c) {
+    q_buf = c.carve("q", qk_bytes);
+    k_buf = c.carve("k", qk_bytes);
+    v_buf = c.carve("v", v_bytes);
+    ws = c.carve("up_project", up_ws);
+  }));
 
   DeviceRuntime* rt = device_runtime(device_.type);
   if (T > 0) {

@@ -8,12 +8,13 @@
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_common.h"
 #include "mla/kv_pool.h"
+#include "mla/model.h"
 
 namespace mla::cpu {
 namespace {
 
-constexpr int kLatent = 576;
-constexpr int kRank = 512;
+constexpr int kLatent = kLatentDim;
+constexpr int kRank = kKvLoraRank;
 constexpr int kMaxRows = 64;   // (query row, head) pairs per work item
 constexpr int kKeyBlock = 64;  // cached rows converted per step: 64 x 576 x 4 = 144 KiB
 
@@ -26,10 +27,10 @@ struct PlanView {
 };
 
 std::size_t plan_size(int max_batch) {
-  Carver c(nullptr, 0);
-  (void)c.carve<PlanHeader>("header", 1);
-  (void)c.carve<int32_t>("arrays", 4 * static_cast<std::size_t>(max_batch) + 1);
-  return c.used();
+  Carver c("cpu absorbed workspace");
+  (void)c.take<PlanHeader>("header", 1);
+  (void)c.take<int32_t>("arrays", 4 * static_cast<std::size_t>(max_batch) + 1);
+  return c.aligned_bytes();
 }
 
 PlanView view_plan(const void* plan) {
@@ -58,13 +59,13 @@ struct Scratch {
 
 StatusOr<Scratch> carve_scratch(Carver& c) {
   Scratch s;
-  MLA_ASSIGN_OR_RETURN(s.q, c.carve<float>("absorbed.q", kMaxRows * kLatent));
-  MLA_ASSIGN_OR_RETURN(s.kv, c.carve<float>("absorbed.kv", kKeyBlock * kLatent));
-  MLA_ASSIGN_OR_RETURN(s.logits, c.carve<float>("absorbed.logits", kMaxRows * kKeyBlock));
-  MLA_ASSIGN_OR_RETURN(s.acc, c.carve<float>("absorbed.acc", kMaxRows * kRank));
-  MLA_ASSIGN_OR_RETURN(s.m, c.carve<float>("absorbed.m", kMaxRows));
-  MLA_ASSIGN_OR_RETURN(s.l, c.carve<float>("absorbed.l", kMaxRows));
-  MLA_ASSIGN_OR_RETURN(s.visible, c.carve<int>("absorbed.visible", kMaxRows));
+  MLA_ASSIGN_OR_RETURN(s.q, c.take<float>("absorbed.q", kMaxRows * kLatent));
+  MLA_ASSIGN_OR_RETURN(s.kv, c.take<float>("absorbed.kv", kKeyBlock * kLatent));
+  MLA_ASSIGN_OR_RETURN(s.logits, c.take<float>("absorbed.logits", kMaxRows * kKeyBlock));
+  MLA_ASSIGN_OR_RETURN(s.acc, c.take<float>("absorbed.acc", kMaxRows * kRank));
+  MLA_ASSIGN_OR_RETURN(s.m, c.take<float>("absorbed.m", kMaxRows));
+  MLA_ASSIGN_OR_RETURN(s.l, c.take<float>("absorbed.l", kMaxRows));
+  MLA_ASSIGN_OR_RETURN(s.visible, c.take<int>("absorbed.visible", kMaxRows));
   return s;
 }
 
@@ -93,10 +94,10 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
   }
 
   std::size_t workspace_bytes(const AttnCapacity& cap) const override {
-    Carver c(nullptr, 0);
-    (void)c.carve<int64_t>("absorbed.item_start", static_cast<std::size_t>(cap.max_batch) + 1);
+    Carver c("cpu absorbed workspace");
+    (void)c.take<int64_t>("absorbed.item_start", static_cast<std::size_t>(cap.max_batch) + 1);
     for (int t = 0; t < parallel_num_threads(); ++t) (void)carve_scratch(c);
-    return c.used();
+    return c.aligned_bytes();
   }
 
   StatusOr<std::size_t> plan(const AbsorbedProblem& p, const AttnCapacity& cap,
@@ -213,9 +214,8 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
       }
     }
 
-    Carver carver(a.workspace, a.workspace_bytes);
-    MLA_ASSIGN_OR_RETURN(int64_t * item_start,
-                         carver.carve<int64_t>("absorbed.item_start", bs + 1));
+    Carver carver("cpu absorbed workspace", a.workspace, a.workspace_bytes);
+    MLA_ASSIGN_OR_RETURN(int64_t * item_start, carver.take<int64_t>("absorbed.item_start", bs + 1));
     const int threads = parallel_num_threads();
     // Per-thread scratch follows item_start, one block per worker id; check it fits once here.
     Carver probe = carver;

@@ -14,6 +14,7 @@
 #include "mla/status.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
+#include "mla/workspace.h"
 
 namespace mla::cpu {
 
@@ -54,31 +55,10 @@ inline uint16_t float_to_bf16_bits(float f) { return bf16::from_float(f).bits; }
 // Checks a view's inner dims are dense (stride 1 last, rows may be strided).
 Status expect_inner_dense(const TensorView& t, std::string_view name);
 
-// Bump allocator over a caller-provided workspace: 256-byte aligned named carves; running out
-// is kOutOfWorkspace naming the carve and the shortfall. With base == nullptr it only measures.
-class Carver {
- public:
-  Carver(void* base, std::size_t bytes) : base_(static_cast<std::byte*>(base)), bytes_(bytes) {}
-  template <typename T>
-  StatusOr<T*> carve(std::string_view name, std::size_t count) {
-    const std::size_t off = (used_ + 255) / 256 * 256;
-    const std::size_t need = count * sizeof(T);
-    if (base_ != nullptr && off + need > bytes_) {
-      return make_status(StatusCode::kOutOfWorkspace,
-                         "workspace too small for '{}': need {} bytes at offset {}, have {} "
-                         "(short by {})",
-                         name, need, off, bytes_, off + need - bytes_);
-    }
-    used_ = off + need;
-    return base_ == nullptr ? static_cast<T*>(nullptr) : reinterpret_cast<T*>(base_ + off);
-  }
-  std::size_t used() const { return (used_ + 255) / 256 * 256; }
-
- private:
-  std::byte* base_;
-  std::size_t bytes_;
-  std::size_t used_ = 0;
-};
+// The library's workspace carver (mla/workspace.h): named, 256-byte aligned carves, measuring
+// when built without a buffer; the ops use take(), which fails at the first carve that does not
+// fit with kOutOfWorkspace naming the carve and the shortfall.
+using Carver = WorkspaceCarver;
 
 // Header at the start of every cpu plan blob.
 struct PlanHeader {

@@ -4,13 +4,14 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_common.h"
+#include "mla/model.h"
 
 namespace mla::cpu {
 namespace {
 
-constexpr int kRank = 512;
-constexpr int kRope = 64;
-constexpr int kLatent = 576;
+constexpr int kRank = kKvLoraRank;
+constexpr int kRope = kQkRopeDim;
+constexpr int kLatent = kLatentDim;
 
 class CpuKvWriteOp final : public KvWriteOp {
  public:

@@ -7,20 +7,21 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_common.h"
+#include "mla/model.h"
 
 namespace mla::cpu {
 namespace {
 
-constexpr int kDqk = 192;
-constexpr int kDv = 128;
+constexpr int kDqk = kQkHeadDim;
+constexpr int kDv = kVHeadDim;
 constexpr int kQTile = 64;
 constexpr int kKeyBlock = 64;
 
 std::size_t plan_size(int max_batch) {
-  Carver c(nullptr, 0);
-  (void)c.carve<PlanHeader>("header", 1);
-  (void)c.carve<int32_t>("indptrs", 2 * (static_cast<std::size_t>(max_batch) + 1));
-  return c.used();
+  Carver c("cpu mha workspace");
+  (void)c.take<PlanHeader>("header", 1);
+  (void)c.take<int32_t>("indptrs", 2 * (static_cast<std::size_t>(max_batch) + 1));
+  return c.aligned_bytes();
 }
 
 struct Scratch {
@@ -36,14 +37,14 @@ struct Scratch {
 
 StatusOr<Scratch> carve_scratch(Carver& c) {
   Scratch s;
-  MLA_ASSIGN_OR_RETURN(s.q, c.carve<float>("mha.q", kQTile * kDqk));
-  MLA_ASSIGN_OR_RETURN(s.k, c.carve<float>("mha.k", kKeyBlock * kDqk));
-  MLA_ASSIGN_OR_RETURN(s.v, c.carve<float>("mha.v", kKeyBlock * kDv));
-  MLA_ASSIGN_OR_RETURN(s.logits, c.carve<float>("mha.logits", kQTile * kKeyBlock));
-  MLA_ASSIGN_OR_RETURN(s.acc, c.carve<float>("mha.acc", kQTile * kDv));
-  MLA_ASSIGN_OR_RETURN(s.m, c.carve<float>("mha.m", kQTile));
-  MLA_ASSIGN_OR_RETURN(s.l, c.carve<float>("mha.l", kQTile));
-  MLA_ASSIGN_OR_RETURN(s.visible, c.carve<int>("mha.visible", kQTile));
+  MLA_ASSIGN_OR_RETURN(s.q, c.take<float>("mha.q", kQTile * kDqk));
+  MLA_ASSIGN_OR_RETURN(s.k, c.take<float>("mha.k", kKeyBlock * kDqk));
+  MLA_ASSIGN_OR_RETURN(s.v, c.take<float>("mha.v", kKeyBlock * kDv));
+  MLA_ASSIGN_OR_RETURN(s.logits, c.take<float>("mha.logits", kQTile * kKeyBlock));
+  MLA_ASSIGN_OR_RETURN(s.acc, c.take<float>("mha.acc", kQTile * kDv));
+  MLA_ASSIGN_OR_RETURN(s.m, c.take<float>("mha.m", kQTile));
+  MLA_ASSIGN_OR_RETURN(s.l, c.take<float>("mha.l", kQTile));
+  MLA_ASSIGN_OR_RETURN(s.visible, c.take<int>("mha.visible", kQTile));
   return s;
 }
 
@@ -57,10 +58,10 @@ class CpuMhaOp final : public MhaAttentionOp {
     return plan_size(std::max(cap.max_batch, 0));
   }
   std::size_t workspace_bytes(const AttnCapacity& cap) const override {
-    Carver c(nullptr, 0);
-    (void)c.carve<int64_t>("mha.item_start", static_cast<std::size_t>(cap.max_batch) + 1);
+    Carver c("cpu mha workspace");
+    (void)c.take<int64_t>("mha.item_start", static_cast<std::size_t>(cap.max_batch) + 1);
     for (int t = 0; t < parallel_num_threads(); ++t) (void)carve_scratch(c);
-    return c.used();
+    return c.aligned_bytes();
   }
 
   StatusOr<std::size_t> plan(const MhaProblem& p, const AttnCapacity& cap,
@@ -141,8 +142,8 @@ class CpuMhaOp final : public MhaAttentionOp {
       MLA_CHECK_ARG(a.lse.shape[0] >= h.total_q, "lse: {} rows, plan has {} query tokens",
                     a.lse.shape[0], h.total_q);
     }
-    Carver carver(a.workspace, a.workspace_bytes);
-    MLA_ASSIGN_OR_RETURN(int64_t * item_start, carver.carve<int64_t>("mha.item_start", bs + 1));
+    Carver carver("cpu mha workspace", a.workspace, a.workspace_bytes);
+    MLA_ASSIGN_OR_RETURN(int64_t * item_start, carver.take<int64_t>("mha.item_start", bs + 1));
     Carver probe = carver;
     for (int i = 0; i < parallel_num_threads(); ++i)
       MLA_RETURN_IF_ERROR(carve_scratch(probe).status());

@@ -5,32 +5,33 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/cpu_common.h"
+#include "mla/model.h"
 
 namespace mla::cpu {
 namespace {
 
-constexpr int kRank = 512;
-constexpr int kLatent = 576;
-constexpr int kNope = 128;
-constexpr int kDv = 128;
-constexpr int kDqk = 192;
+constexpr int kRank = kKvLoraRank;
+constexpr int kLatent = kLatentDim;
+constexpr int kNope = kQkNopeDim;
+constexpr int kDv = kVHeadDim;
+constexpr int kDqk = kQkHeadDim;
 constexpr int kHeadRows = kNope + kDv;  // rows of kv_b_proj per head
 constexpr int kTokenBlock = 16;         // gathered rows reused against one W tile
 
 StatusOr<float*> carve_gathered(Carver& c, int64_t tokens) {
-  return c.carve<float>("up_project.gathered", static_cast<std::size_t>(tokens) * kLatent);
+  return c.take<float>("up_project.gathered", static_cast<std::size_t>(tokens) * kLatent);
 }
 StatusOr<float*> carve_weights(Carver& c) {
-  return c.carve<float>("up_project.w_head", static_cast<std::size_t>(kHeadRows) * kRank);
+  return c.take<float>("up_project.w_head", static_cast<std::size_t>(kHeadRows) * kRank);
 }
 
 class CpuUpProjectOp final : public UpProjectOp {
  public:
   std::size_t workspace_bytes(int64_t max_tokens, int /*num_heads*/) const override {
-    Carver c(nullptr, 0);
+    Carver c("cpu up_project workspace");
     (void)carve_gathered(c, std::max<int64_t>(max_tokens, 0));
     for (int t = 0; t < parallel_num_threads(); ++t) (void)carve_weights(c);
-    return c.used();
+    return c.aligned_bytes();
   }
 
   Status run(const UpProjectArgs& a, const ExecContext& ctx) const override {
@@ -65,7 +66,7 @@ class CpuUpProjectOp final : public UpProjectOp {
       MLA_CHECK_ARG(slots[i] >= 0 && slots[i] < num_slots,
                     "slots[{}] = {} outside kv_cache slots [0, {})", i, slots[i], num_slots);
     }
-    Carver carver(a.workspace, a.workspace_bytes);
+    Carver carver("cpu up_project workspace", a.workspace, a.workspace_bytes);
     MLA_ASSIGN_OR_RETURN(float* gathered, carve_gathered(carver, n));  // [n, 576]
     Carver probe = carver;
     for (int i = 0; i < parallel_num_threads(); ++i)
