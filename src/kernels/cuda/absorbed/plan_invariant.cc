@@ -263,7 +263,7 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
         const InvItem& it = items[static_cast<std::size_t>(by_cta[static_cast<std::size_t>(j)])];
         // Member g: row tile g of the item's request, if it has that tile and that piece.
         if (g >= it.tiles) continue;
-        const InvTile& t = tiles[static_cast<std::size_t>(it.tile0 + g)];
+        const InvTile& t = tiles[static_cast<std::size_t>(it.tile0) + static_cast<std::size_t>(g)];
         if (it.piece >= t.pieces) continue;
         const int64_t begin = int64_t{it.piece} * t.len;
         const int64_t end = it.piece + 1 == t.pieces ? t.ref.tiles : begin + t.len;
