@@ -32,71 +32,55 @@ StatusOr<DeviceBuffer> random_buffer(int64_t elems, uint64_t seed, cudaStream_t 
   return b;
 }
 
-// Median and minimum of `iters` timed runs of fn (after `warmup` untimed ones), in microseconds.
-template <typename Fn>
-StatusOr<std::pair<double, double>> time_runs(cudaStream_t stream, int warmup, int iters, Fn fn) {
-  for (int i = 0; i < warmup; ++i) MLA_RETURN_IF_ERROR(fn());
-  std::vector<cudaEvent_t> ev(2 * static_cast<std::size_t>(iters));
-  for (auto& e : ev) MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], stream));
-    MLA_RETURN_IF_ERROR(fn());
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], stream));
-  }
-  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  std::vector<float> ms(static_cast<std::size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return std::make_pair(1e3 * ms[ms.size() / 2], 1e3 * ms.front());
-}
-
-Status bench_mha(int b, int s, int iters, double gemm_tflops, cudaStream_t stream,
-                 const BenchSink& sink) {
+// b requests of s_q queries on s_k keys each; causal (s_q == s_k then) or not (a prefix chunk).
+Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, double gemm_tflops,
+                 cudaStream_t stream, const BenchSink& sink) {
   const OpSet* set = OpRegistry::global().find("cuda");
   if (set == nullptr || !set->mha) return unsupported("no cuda mha op registered");
   const MhaAttentionOp& op = *set->mha;
-  const int64_t t = int64_t{b} * s;
+  const int64_t t = int64_t{b} * s_q;
+  const int64_t tk = int64_t{b} * s_k;
   const Device dev = Device::cuda();
   MLA_ASSIGN_OR_RETURN(DeviceBuffer q, random_buffer(t * kHeads * 192, 11, stream, "bench.q"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer k, random_buffer(t * kHeads * 192, 12, stream, "bench.k"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer v, random_buffer(t * kHeads * 128, 13, stream, "bench.v"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer k, random_buffer(tk * kHeads * 192, 12, stream, "bench.k"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer v, random_buffer(tk * kHeads * 128, 13, stream, "bench.v"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer o, random_buffer(t * kHeads * 128, 14, stream, "bench.o"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer lse,
                        DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse", "bench", false));
-  std::vector<int32_t> indptr(static_cast<std::size_t>(b) + 1);
-  for (int i = 0; i <= b; ++i) indptr[i] = i * s;
-  const AttnCapacity cap{b, t, t, 1, kHeads};
+  std::vector<int32_t> indptr(static_cast<std::size_t>(b) + 1), kv_indptr(indptr.size());
+  for (int i = 0; i <= b; ++i) indptr[i] = i * s_q;
+  for (int i = 0; i <= b; ++i) kv_indptr[i] = i * s_k;
+  const AttnCapacity cap{b, t, tk, 1, kHeads};
   std::vector<std::byte> host_plan(op.plan_bytes(cap));
   MLA_ASSIGN_OR_RETURN(std::size_t used,
-                       op.plan(MhaProblem{kHeads, true, indptr, indptr}, cap, host_plan));
+                       op.plan(MhaProblem{kHeads, causal, indptr, kv_indptr}, cap, host_plan));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer plan,
                        DeviceBuffer::allocate(dev, host_plan.size(), "bench.plan", "bench", false));
   MLA_BENCH_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(plan.data(), host_plan.data(), used, cudaMemcpyHostToDevice, stream));
   MhaArgs a;
   a.q = TensorView(q.data(), DType::kBF16, dev, {t, kHeads, 192});
-  a.k = TensorView(k.data(), DType::kBF16, dev, {t, kHeads, 192});
-  a.v = TensorView(v.data(), DType::kBF16, dev, {t, kHeads, 128});
+  a.k = TensorView(k.data(), DType::kBF16, dev, {tk, kHeads, 192});
+  a.v = TensorView(v.data(), DType::kBF16, dev, {tk, kHeads, 128});
   a.o = TensorView(o.data(), DType::kBF16, dev, {t, kHeads, 128});
   a.lse = TensorView(lse.data(), DType::kF32, dev, {t, kHeads});
   a.sm_scale = kDeepSeekV3SoftmaxScale;
   a.plan = plan.data();
   const ExecContext ctx{dev, stream};
   MLA_ASSIGN_OR_RETURN(auto times, time_runs(stream, 3, iters, [&] { return op.run(a, ctx); }));
-  const double flops = 2.0 * b * (double(s) * s / 2) * kHeads * (192 + 128);
+  // Causal: half the square.
+  const double pairs = causal ? double(s_q) * s_k / 2 : double(s_q) * s_k;
+  const double flops = 2.0 * b * pairs * kHeads * (192 + 128);
   const double tflops = flops / (times.first * 1e-6) / 1e12;
   sink({{"op", "prefill_mha"},
         {"backend", "cuda"},
         {"b", b},
-        {"s_q", s},
+        {"s_q", s_q},
         {"h_q", kHeads},
-        {"s_k", s},
+        {"s_k", s_k},
         {"page_size", 0},
         {"varlen", false},
-        {"causal", true},
+        {"causal", causal},
         {"us", times.first},
         {"us_min", times.second},
         {"tflops", tflops},
@@ -210,7 +194,9 @@ Status run_prefill_benches(bool prefill, bool extend, bool quick, double gemm_tf
   if (prefill) {
     std::vector<std::pair<int, int>> shapes{{1, 4096}, {4, 2048}, {1, 16384}};
     if (quick) shapes.resize(1);
-    for (auto [b, s] : shapes) note(bench_mha(b, s, iters, gemm_tflops, stream, sink));
+    for (auto [b, s] : shapes) note(bench_mha(b, s, s, true, iters, gemm_tflops, stream, sink));
+    // The chunked extend's prefix-chunk attention: 4096 queries on a 16384-key chunk.
+    if (!quick) note(bench_mha(1, 4096, 16384, false, iters, gemm_tflops, stream, sink));
   }
   if (extend) {
     for (const char* name : {"chunked_mla", "paged_mla"}) {

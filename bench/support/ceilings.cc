@@ -3,9 +3,8 @@
 
 #include <cublas_v2.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <vector>
+#include <utility>
 
 #include "bench_cuda.h"
 #include "fill.h"
@@ -13,32 +12,6 @@
 
 namespace mla::cli {
 namespace {
-
-// Median of `iters` event-timed runs of fn after `warmup` untimed ones, in milliseconds.
-template <typename Fn>
-StatusOr<double> median_ms(cudaStream_t stream, int warmup, int iters, Fn fn) {
-  for (int i = 0; i < warmup; ++i) MLA_RETURN_IF_ERROR(fn());
-  cudaEvent_t start = nullptr, stop = nullptr;
-  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  Status st = Status::Ok();
-  for (int i = 0; i < iters && st.ok(); ++i) {
-    cudaEventRecord(start, stream);
-    st = fn();
-    cudaEventRecord(stop, stream);
-    float t = 0;
-    if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&t, start, stop) != 0) {
-      st = make_status(StatusCode::kCudaError, "ceilings: timing failed");
-    }
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  MLA_RETURN_IF_ERROR(st);
-  std::sort(ms.begin(), ms.end());
-  return static_cast<double>(ms[ms.size() / 2]);
-}
 
 Status cublas_status(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
@@ -60,9 +33,9 @@ StatusOr<double> measure_gemm(cudaStream_t stream) {
   MLA_RETURN_IF_ERROR(cublas_status(cublasCreate(&handle), "cublasCreate"));
   Status st = cublas_status(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;
-  StatusOr<double> ms = internal_error("ceilings: GEMM not run");
+  StatusOr<std::pair<double, double>> us = internal_error("ceilings: GEMM not run");
   if (st.ok()) {
-    ms = median_ms(stream, 3, 10, [&] {
+    us = time_runs(stream, 3, 10, [&] {
       return cublas_status(
           cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, kN, kN, kN, &alpha, a.data(), CUDA_R_16BF,
                        kN, b.data(), CUDA_R_16BF, kN, &beta, c.data(), CUDA_R_16BF, kN,
@@ -72,8 +45,8 @@ StatusOr<double> measure_gemm(cudaStream_t stream) {
   }
   cublasDestroy(handle);
   MLA_RETURN_IF_ERROR(st);
-  MLA_ASSIGN_OR_RETURN(const double t, std::move(ms));
-  return 2.0 * kN * kN * kN / (t * 1e-3) / 1e12;
+  MLA_ASSIGN_OR_RETURN(const auto t, std::move(us));
+  return 2.0 * kN * kN * kN / (t.first * 1e-6) / 1e12;
 }
 
 }  // namespace
@@ -93,20 +66,20 @@ StatusOr<Ceilings> measure_ceilings(cudaStream_t stream) {
     MLA_BENCH_CUDA_RETURN_IF_ERROR(
         cuda::fill_random_bf16(src.data(), kBytes / 2, 30, 0.25f, stream));
     MLA_ASSIGN_OR_RETURN(
-        const double read_ms, median_ms(stream, 3, 15, [&]() -> Status {
+        const auto read_us, time_runs(stream, 3, 15, [&]() -> Status {
           MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::launch_stream_read(
               src.data(), kBytes, static_cast<long long*>(partial.data()), blocks, stream));
           return Status::Ok();
         }));
-    c.stream_read_gbps = kBytes / (read_ms * 1e-3) / 1e9;
+    c.stream_read_gbps = kBytes / (read_us.first * 1e-6) / 1e9;
     constexpr int64_t kCopy = kBytes / 2;
     char* base = static_cast<char*>(src.data());
-    MLA_ASSIGN_OR_RETURN(const double copy_ms, median_ms(stream, 3, 15, [&]() -> Status {
+    MLA_ASSIGN_OR_RETURN(const auto copy_us, time_runs(stream, 3, 15, [&]() -> Status {
                            MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
                                base + kCopy, base, kCopy, cudaMemcpyDeviceToDevice, stream));
                            return Status::Ok();
                          }));
-    c.copy_gbps = 2.0 * kCopy / (copy_ms * 1e-3) / 1e9;
+    c.copy_gbps = 2.0 * kCopy / (copy_us.first * 1e-6) / 1e9;
   }
   MLA_ASSIGN_OR_RETURN(c.gemm_tflops, measure_gemm(stream));
   return c;

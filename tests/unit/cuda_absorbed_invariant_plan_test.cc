@@ -156,7 +156,8 @@ TEST(InvariantPlanControl, DefaultPlansDependOnTheBatch) {
 }
 
 // The rule itself: tiles of kMaxRows rows, pieces of ceil(n / p) key tiles with
-// p = clamp(ceil(n / kInvariantSplitTiles), 1, kInvariantMaxPieces).
+// p = clamp(ceil(n / (kInvariantSplitTiles x T)), 1, kInvariantMaxPieces), T the request's row
+// tiles.
 TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   using cuda::absorbed::invariant_pieces;
   using cuda::absorbed::kBlockN;
@@ -166,7 +167,10 @@ TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   EXPECT_EQ(invariant_pieces(kInvariantSplitTiles), 1);
   EXPECT_EQ(invariant_pieces(kInvariantSplitTiles + 1), 2);
   EXPECT_EQ(invariant_pieces(int64_t{1} << 30), kInvariantMaxPieces);
-  // One decode request of 16 heads and 3 * 2048 + 1 keys: 4 pieces of 25 key tiles (97 tiles).
+  EXPECT_EQ(invariant_pieces(2 * kInvariantSplitTiles, 2), 1);
+  EXPECT_EQ(invariant_pieces(2 * kInvariantSplitTiles + 1, 2), 2);
+  EXPECT_EQ(invariant_pieces(4 * kInvariantSplitTiles + 1, 4), 2);
+  // One decode request of 16 heads (one row tile) and 3 split lengths + 1 keys: 4 pieces.
   std::string error;
   const int32_t kv = 3 * kInvariantSplitTiles * kBlockN + 1;
   const Signature s = plan_and_sign({{1, kv}}, 0, 16, 1, 132, true, &error);
@@ -176,11 +180,133 @@ TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   const TileUnits& t = s.tiles.begin()->second;
   EXPECT_EQ(t.rows, 16);
   EXPECT_TRUE(t.split);
-  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 25 * kBlockN},
-                                                         {25 * kBlockN, 50 * kBlockN},
-                                                         {50 * kBlockN, 75 * kBlockN},
-                                                         {75 * kBlockN, kv}};
+  const int32_t n = 3 * kInvariantSplitTiles + 1, len = (n + 3) / 4;  // key tiles, per piece
+  const std::vector<std::pair<int32_t, int32_t>> want = {{0, len * kBlockN},
+                                                         {len * kBlockN, 2 * len * kBlockN},
+                                                         {2 * len * kBlockN, 3 * len * kBlockN},
+                                                         {3 * len * kBlockN, kv}};
   EXPECT_EQ(t.ranges, want);
+  // 128 heads (two row tiles): the same keys make 2 pieces per row tile, not 4.
+  const Signature s128 = plan_and_sign({{1, kv}}, 0, 128, 1, 132, true, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  ASSERT_EQ(s128.tiles.size(), 2u);
+  for (const auto& [row, tile] : s128.tiles) EXPECT_EQ(tile.ranges.size(), 2u) << "row " << row;
+}
+
+// The placement (the batch-dependent part of an invariant plan): the tests below read a plan's
+// units per CTA.
+struct PlacedPlan {
+  PlanHeader h{};
+  std::vector<int32_t> cta_begin;
+  std::vector<WorkUnit> units;
+  std::string error;
+};
+
+PlacedPlan plan_batch(int heads, const std::vector<Req>& reqs, int ctas) {
+  std::vector<int32_t> rows, q_lens, kv_lens;
+  int64_t tokens = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    rows.push_back(static_cast<int32_t>(i) + 1);
+    q_lens.push_back(reqs[i].q_len);
+    kv_lens.push_back(reqs[i].kv_len);
+    tokens += reqs[i].q_len;
+  }
+  AbsorbedProblem p;
+  p.num_heads = heads;
+  p.page_size = 64;
+  p.causal = true;
+  p.req_rows = rows;
+  p.q_lens = q_lens;
+  p.kv_lens = kv_lens;
+  const AttnCapacity cap{static_cast<int>(reqs.size()), tokens, 0, 8, heads, true};
+  std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
+  PlacedPlan out;
+  auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
+  if (!used.ok()) {
+    out.error = used.status().to_string();
+    return out;
+  }
+  out.error = fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap);
+  std::memcpy(&out.h, plan.data(), sizeof(out.h));
+  out.cta_begin = fuzz::read_array<int32_t>(plan, out.h.cta_begin_offset, ctas + 1);
+  out.units = fuzz::read_array<WorkUnit>(plan, out.h.units_offset, out.h.num_units);
+  return out;
+}
+
+int64_t unit_cost(const WorkUnit& u) {  // key tiles + 1 (the planner's cost model)
+  return (u.kv_end - u.kv_begin + cuda::absorbed::kBlockN - 1) / cuda::absorbed::kBlockN + 1;
+}
+
+// 128 heads: two row tiles per decode request, in two groups of CTAs. Row tile 1 of a request
+// runs on CTA c + 66 at the position row tile 0 has on CTA c, over the same keys, so the two
+// read each key at about the same time and the second read hits L2. (Dealing the units out in
+// batch order put both on one CTA one after the other: every key came from DRAM twice, 29 % of
+// the 128-head decode time on the H200.)
+TEST(InvariantPlan, RowTilesOfADecodeRequestReadTheSameKeysInStep) {
+  Rng rng(41);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int size = static_cast<int>(rng.uniform_int(1, 160));
+    std::vector<Req> reqs(static_cast<std::size_t>(size));
+    for (Req& r : reqs) r.kv_len = static_cast<int32_t>(rng.uniform_int(1, 20000));
+    const PlacedPlan pl = plan_batch(128, reqs, 132);
+    ASSERT_TRUE(pl.error.empty()) << pl.error;
+    for (int c = 0; c < 66; ++c) {
+      const int32_t b0 = pl.cta_begin[c], n0 = pl.cta_begin[c + 1] - b0;
+      const int32_t b1 = pl.cta_begin[c + 66], n1 = pl.cta_begin[c + 67] - b1;
+      ASSERT_EQ(n0, n1) << "CTA " << c;
+      for (int32_t i = 0; i < n0; ++i) {
+        const WorkUnit& u0 = pl.units[static_cast<std::size_t>(b0 + i)];
+        const WorkUnit& u1 = pl.units[static_cast<std::size_t>(b1 + i)];
+        EXPECT_EQ(u0.row_in_req, 0);
+        EXPECT_EQ(u1.row_in_req, 64);
+        EXPECT_EQ(u1.pool_row, u0.pool_row);
+        EXPECT_EQ(u1.kv_begin, u0.kv_begin);
+        EXPECT_EQ(u1.kv_end, u0.kv_end);
+      }
+    }
+    EXPECT_EQ(pl.cta_begin[132], pl.h.num_units);
+  }
+}
+
+// Balance: in each group of CTAs, the most loaded CTA carries at most the ideal share (the
+// group's cost / its CTAs) plus one piece; a batch of equal requests puts ceil(pieces / CTAs)
+// pieces on the most loaded CTA.
+TEST(InvariantPlan, MostLoadedCtaWithinOnePieceOfTheIdealShare) {
+  Rng rng(43);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int heads = trial % 2 == 0 ? 16 : 128;
+    const int groups = heads == 128 ? 2 : 1, per_group = 132 / groups;
+    const int size = static_cast<int>(rng.uniform_int(1, 256));
+    const int64_t hi = trial % 4 < 2 ? 9000 : 40000;
+    std::vector<Req> reqs(static_cast<std::size_t>(size));
+    for (Req& r : reqs) r.kv_len = static_cast<int32_t>(rng.uniform_int(hi / 2, hi));
+    const PlacedPlan pl = plan_batch(heads, reqs, 132);
+    ASSERT_TRUE(pl.error.empty()) << pl.error;
+    for (int g = 0; g < groups; ++g) {
+      int64_t total = 0, longest = 0, most = 0;
+      for (int c = g * per_group; c < (g + 1) * per_group; ++c) {
+        int64_t load = 0;
+        for (int32_t i = pl.cta_begin[c]; i < pl.cta_begin[c + 1]; ++i) {
+          const int64_t cost = unit_cost(pl.units[static_cast<std::size_t>(i)]);
+          load += cost;
+          longest = std::max(longest, cost);
+        }
+        total += load;
+        most = std::max(most, load);
+      }
+      EXPECT_LE(most, (total + per_group - 1) / per_group + longest)
+          << "trial " << trial << ", group " << g;
+    }
+  }
+  // 128 equal decode requests of 4 split lengths, 16 heads: 4 pieces each, 512 pieces on 132
+  // CTAs: at most 4 per CTA.
+  const int32_t kv = 4 * cuda::absorbed::kInvariantSplitTiles * cuda::absorbed::kBlockN;
+  const PlacedPlan pl = plan_batch(16, std::vector<Req>(128, Req{1, kv}), 132);
+  ASSERT_TRUE(pl.error.empty()) << pl.error;
+  int32_t most = 0;
+  for (int c = 0; c < 132; ++c) most = std::max(most, pl.cta_begin[c + 1] - pl.cta_begin[c]);
+  EXPECT_EQ(pl.h.num_units, 512);
+  EXPECT_EQ(most, 4);
 }
 
 // A full capacity of long requests fits the layout and the partial slots it sizes.

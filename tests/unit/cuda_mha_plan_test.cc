@@ -52,8 +52,10 @@ TEST(CudaMhaPlan, EveryQueryRowCoveredOnceHeaviestFirst) {
     EXPECT_EQ(*used, sizeof(MhaPlanHeader) + tiles.size() * sizeof(MhaTile));
     EXPECT_EQ(header.num_heads, 16);
     EXPECT_EQ(header.batch_size, bs);
-    EXPECT_GE(header.head_group, 4);
+    EXPECT_GE(header.head_group, 1);
     EXPECT_LE(header.head_group, 16);
+    const int64_t budget = causal ? 65536 : 32768;
+    EXPECT_EQ(header.head_group, std::clamp<int64_t>(budget / std::max(kv.back(), 1), 1, 16));
     std::vector<int> covered(static_cast<std::size_t>(qo.back()), 0);
     int prev_keys = 1 << 30;
     for (const MhaTile& t : tiles) {
@@ -76,6 +78,39 @@ TEST(CudaMhaPlan, EveryQueryRowCoveredOnceHeaviestFirst) {
     for (std::size_t r = 0; r < covered.size(); ++r) {
       ASSERT_EQ(covered[r], 1) << "query row " << r << " trial " << trial;
     }
+  }
+}
+
+// head_group: about 64K (causal) or 32K (non-causal) keys x heads in flight, 1 .. 16 heads.
+TEST(CudaMhaPlan, HeadGroupFollowsTheKeysInFlight) {
+  struct Case {
+    bool causal;
+    std::vector<int32_t> q_lens, kv_lens;
+    int32_t expect;
+  };
+  const std::vector<Case> cases{
+      {true, {4096}, {4096}, 16},  // the prefill shapes of mla bench
+      {true, {2048, 2048, 2048, 2048}, {2048, 2048, 2048, 2048}, 8},
+      {true, {16384}, {16384}, 4},
+      {false, {4096}, {16384}, 2},  // a prefix chunk
+      {false, {4096}, {32768}, 1},
+      {true, {100}, {70000}, 1},  // never below one head
+      {false, {5}, {0}, 16},      // no keys at all
+  };
+  for (const Case& c : cases) {
+    std::vector<int32_t> qo{0}, kv{0};
+    for (std::size_t b = 0; b < c.q_lens.size(); ++b) {
+      qo.push_back(qo.back() + c.q_lens[b]);
+      kv.push_back(kv.back() + c.kv_lens[b]);
+    }
+    const auto bs = static_cast<int>(c.q_lens.size());
+    const AttnCapacity cap{bs, qo.back(), kv.back(), 1, 128};
+    std::vector<std::byte> plan(cuda::mha::plan_bytes(cap));
+    auto used = cuda::mha::build_plan(MhaProblem{128, c.causal, qo, kv}, cap, plan);
+    ASSERT_TRUE(used.ok()) << used.status().to_string();
+    MhaPlanHeader header{};
+    decode_tiles(plan, &header);
+    EXPECT_EQ(header.head_group, c.expect) << "causal " << c.causal << ", " << kv.back() << " keys";
   }
 }
 

@@ -223,21 +223,11 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
     return a;
   };
   const ExecContext ctx{dev, db.stream};
-  for (int i = 0; i < 3; ++i) MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i], db.stream));
-    MLA_RETURN_IF_ERROR(db.op->run(args_for(i % kSets), ctx));
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2 * i + 1], db.stream));
-  }
-  MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(db.stream));
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i)
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  const double us = 1e3 * ms[iters / 2];
+  int call = 0;  // rotates the input sets, warm-up included
+  MLA_ASSIGN_OR_RETURN(const auto times, time_runs(db.stream, 3, iters, [&] {
+                         return db.op->run(args_for(call++ % kSets), ctx);
+                       }));
+  const double us = times.first;
 
   double sum_kv = 0;
   for (int32_t k : kv_lens) sum_kv += k;
@@ -269,7 +259,7 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
                         {"ceiling_fraction", std::max(t_compute, t_memory) / (us * 1e-6)},
                         {"read_fraction", gbps / ceil.stream_read_gbps},
                         {"gemm_fraction", tflops / ceil.gemm_tflops},
-                        {"us_min", 1e3 * ms.front()},
+                        {"us_min", times.second},
                         {"iters", iters}};
   return row;
 }

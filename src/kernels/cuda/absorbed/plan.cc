@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/absorbed/choose.h"
 #include "kernels/cuda/absorbed/params.h"
+#include "kernels/cuda/absorbed/plan_internal.h"
 #include "kernels/cuda/absorbed/traits.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
@@ -14,79 +15,14 @@
 namespace mla::cuda::absorbed {
 namespace {
 
+using namespace plan_detail;
+
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// Cost model in key-tile units: a unit also loads its query tile and writes its output, about
-// the traffic of one key tile (64 rows x 576 bf16 either way), hence kUnitCost = 1.
-constexpr int64_t kUnitCost = 1;
 // Never cut a piece shorter than 2 key tiles (128 keys): a split costs a partial write and a
 // combine read of 64 x 512 fp32, the traffic of about two key tiles.
 constexpr int64_t kMinPieceTiles = 2;
-
-// A WorkUnit is three of these (48 bytes), a CombineUnit one: units are stored as three 16-byte
-// vectors built in registers instead of twelve 4-byte fields.
-typedef int32_t I32x4 __attribute__((vector_size(16)));
-static_assert(sizeof(WorkUnit) == 3 * sizeof(I32x4) && sizeof(CombineUnit) == sizeof(I32x4));
-
-typedef uint64_t U64x2 __attribute__((vector_size(16)));
-static_assert(std::endian::native == std::endian::little, "quad() puts lane 0 in the low half");
-
-inline void store4(std::byte* dst, I32x4 v) { std::memcpy(dst, &v, sizeof(v)); }
-// Lanes {a, b} as one 64-bit value (a in the low half, as in memory on a little-endian host).
-inline uint64_t pair(int32_t a, int32_t b) {
-  return static_cast<uint32_t>(a) | uint64_t{static_cast<uint32_t>(b)} << 32;
-}
-// {lo.a, lo.b, hi.a, hi.b}: two 64-bit moves and one unpack, cheaper than four lane inserts.
-inline I32x4 quad(uint64_t lo, uint64_t hi) { return reinterpret_cast<I32x4>(U64x2{lo, hi}); }
-inline void store_i32(std::byte* dst, int32_t v) { std::memcpy(dst, &v, sizeof(v)); }
-
-// The batch as the cut reads it.
-struct Batch {
-  const int32_t* q_lens;
-  const int32_t* kv_lens;
-  const int32_t* req_rows;
-  int bs;
-  int heads, heads_log2;
-  int rows_tile;
-  bool causal;
-};
-
-// One row tile of a request, as its units need it.
-struct TileRef {
-  I32x4 head;      // pool_row, q_row_begin, num_rows, row_in_req (the unit's first 16 bytes)
-  I32x4 lens;      // q_len, kv_len, -, - (the unit's second 16 bytes, less the key range)
-  int32_t extent;  // keys the tile's last row sees
-  int32_t tiles;   // key tiles: ceil(extent / kBlockN)
-};
-
-// The row tile of request b starting at row r of the request (q_row: the request's first row).
-inline TileRef tile_of(const Batch& in, int b, int64_t q_row, int64_t r) {
-  const int32_t ql = in.q_lens[b], kl = in.kv_lens[b];
-  const int64_t rows = int64_t{ql} * in.heads;
-  const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
-  const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
-  TileRef t;
-  t.head =
-      I32x4{in.req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
-  t.lens = I32x4{ql, kl, 0, 0};
-  t.extent = in.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
-  t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
-  return t;
-}
-
-// One unit of tile t over key tiles [begin, end), written as three 16-byte stores.
-inline void store_unit(std::byte* u, const TileRef& t, int64_t begin, int64_t end,
-                       int32_t partial) {
-  const int64_t kv_begin = std::min<int64_t>(begin, t.tiles) * kBlockN;
-  const int64_t kv_end = std::max<int64_t>(std::min<int64_t>(end * kBlockN, t.extent), kv_begin);
-  I32x4 lens = t.lens;
-  lens[2] = static_cast<int32_t>(kv_begin);
-  lens[3] = static_cast<int32_t>(kv_end);
-  store4(u, t.head);
-  store4(u + 16, lens);
-  store4(u + 32, I32x4{partial, 0, 0, 0});
-}
 
 // Piece of a grouped item (a request), kept for the groups after the first.
 struct Piece {
@@ -108,19 +44,6 @@ __attribute__((always_inline)) inline int64_t share_of(int64_t unassigned, int c
   const int64_t left_ctas = ctas_per_group - c;
   return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
 }
-
-// The plan's output regions and where the writing stands. The cut and the replay below are
-// functions of their own that copy these counters into locals: kept in registers, they are not
-// reloaded after every unit store (stores through std::byte* may alias anything in memory).
-struct PlanOut {
-  std::byte* units;
-  std::byte* combines;
-  std::byte* cta_begin;
-  int64_t max_units;
-  int32_t num_units = 0, num_combines = 0, next_partial = 0;
-  int next_cta = 0;  // CTAs before next_cta have their begin written
-  bool overflow = false;
-};
 
 // Contiguous cutting of the flattened (item, key tile) list of one group into equal shares:
 // CTA c of the group gets max(ceil(unassigned work / CTAs left), kMinPieceTiles + kUnitCost),
@@ -448,6 +371,34 @@ __attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, in
   out.overflow = overflow;
 }
 
+// Decode with no more requests than CTAs, each within kWholeSlack of the ideal share: request k
+// whole on CTA k (the CTAs past the last request get nothing). Splitting such a batch to fill
+// every CTA gains at most kWholeSlack of the time and costs a second unit (its query tile and
+// pipeline start) on most CTAs, partial writes and the combine kernel.
+inline constexpr int64_t kWholeSlackDiv = 16;  // within share + share / 16
+__attribute__((noinline)) void place_whole(const Batch& in, PlanOut& out) {
+  int32_t num_units = 0;
+  int64_t q_row = 0;
+  for (int b = 0; b < in.bs; ++b) {
+    const int32_t ql = in.q_lens[b];
+    if (ql == 0) continue;
+    const int32_t kl = in.kv_lens[b];
+    const int32_t tile_rows =
+        static_cast<int32_t>(std::min<int64_t>(in.rows_tile, int64_t{ql} * in.heads));
+    store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(num_units), num_units);
+    std::byte* u = out.units + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++);
+    store4(u, quad(pair(in.req_rows[b], static_cast<int32_t>(q_row)), pair(tile_rows, 0)));
+    store4(u + 16, quad(pair(ql, kl), pair(0, kl)));
+    store4(u + 32, quad(static_cast<uint32_t>(-1), 0));
+    q_row += int64_t{ql} * in.heads;
+  }
+  out.num_units = num_units;
+  out.num_combines = 0;
+  out.next_partial = 0;
+  out.next_cta = num_units;
+  out.overflow = false;
+}
+
 // Group 1 of 128-head decode: every request has one query, so both row tiles of a request see
 // the same keys, and group 1's units, combines and CTA begins are group 0's moved by one row
 // tile (rows_tile rows; partial slots after group 0's).
@@ -496,65 +447,6 @@ __attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, Pla
   out.next_partial = 2 * partials0;
 }
 
-// The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
-// request cut into invariant_pieces(n) pieces of ceil(n / pieces) key tiles, a function of the
-// tile's own extent; then the pieces, in batch order, dealt to the CTAs in contiguous runs of
-// about equal cost (the only batch-dependent choice, which changes no arithmetic). A split
-// tile's partial slots are consecutive in key order, so its combine merges them in key order.
-// The cost of every unit is collected first (one pass), then the units are written.
-__attribute__((noinline)) void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
-  int64_t total_cost = 0, units = 0;
-  for (int b = 0; b < in.bs; ++b) {
-    const int64_t rows = int64_t{in.q_lens[b]} * in.heads;
-    for (int64_t r = 0; r < rows; r += in.rows_tile) {
-      const TileRef t = tile_of(in, b, 0, r);
-      const int pieces = invariant_pieces(t.tiles);
-      total_cost += t.tiles + int64_t{pieces} * kUnitCost;
-      units += pieces;
-    }
-  }
-  if (units > out.max_units) {
-    out.overflow = true;
-    return;
-  }
-  int32_t num_units = 0, num_combines = 0, next_partial = 0;
-  int cta = 0;
-  int64_t done = 0;  // cost of the units written
-  store_i32(out.cta_begin, 0);
-  int64_t q_row = 0;
-  for (int b = 0; b < in.bs; ++b) {
-    const int64_t rows = int64_t{in.q_lens[b]} * in.heads;
-    for (int64_t r = 0; r < rows; r += in.rows_tile) {
-      const TileRef t = tile_of(in, b, q_row, r);
-      const int pieces = invariant_pieces(t.tiles);
-      const int64_t len = pieces > 1 ? (t.tiles + pieces - 1) / pieces : t.tiles;
-      const int32_t first_partial = next_partial;
-      for (int k = 0; k < pieces; ++k) {
-        const int64_t begin = k * len, end = k + 1 == pieces ? t.tiles : (k + 1) * len;
-        // The next CTA once this one holds its share of the total cost (compared in double:
-        // the products may pass int64 for absurd capacities, and only the balance depends on it).
-        while (cta + 1 < num_ctas &&
-               static_cast<double>(done) * num_ctas >= static_cast<double>(cta + 1) * total_cost) {
-          ++cta;
-          store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(cta), num_units);
-        }
-        store_unit(out.units + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++), t, begin,
-                   end, pieces > 1 ? next_partial++ : -1);
-        done += end - begin + kUnitCost;
-      }
-      if (pieces > 1) {
-        store4(out.combines + sizeof(CombineUnit) * static_cast<std::size_t>(num_combines++),
-               I32x4{t.head[1], t.head[2], first_partial, pieces});
-      }
-    }
-    q_row += rows;
-  }
-  out.num_units = num_units;
-  out.num_combines = num_combines;
-  out.next_partial = next_partial;
-  out.next_cta = cta + 1;
-}
-
 // Row tiles the capacity allows at most (tiles of at least min_rows rows, one partial tile per
 // request).
 int64_t capacity_tiles(const AttnCapacity& cap, int64_t min_rows) {
@@ -565,8 +457,9 @@ int64_t capacity_tiles(const AttnCapacity& cap, int64_t min_rows) {
 
 }  // namespace
 
-int invariant_pieces(int64_t key_tiles) {
-  const int64_t p = (key_tiles + kInvariantSplitTiles - 1) / kInvariantSplitTiles;
+int invariant_pieces(int64_t key_tiles, int64_t row_tiles) {
+  const int64_t per = kInvariantSplitTiles * std::clamp<int64_t>(row_tiles, 1, int64_t{1} << 24);
+  const int64_t p = (std::max<int64_t>(key_tiles, 0) + per - 1) / per;
   return static_cast<int>(std::clamp<int64_t>(p, 1, kInvariantMaxPieces));
 }
 
@@ -669,12 +562,17 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     below_q |= static_cast<uint32_t>((kl < ql) & (kl != 0));
     max_q = std::max(max_q, ql);
   }
+  // (also the requests with rows and the most costly one, for the whole placement of decode)
   uint64_t q_sum = 0, cost_sum = 0;
+  uint32_t longest = 0, with_rows = 0;
   for (int b = 0; b < bs; ++b) {
     const uint32_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
     q_sum += ql;
-    cost_sum +=
+    const uint32_t cost =
         (((kl + kBlockN - 1) / kBlockN) + kUnitCost) & (0u - static_cast<uint32_t>(ql != 0));
+    cost_sum += cost;
+    longest = std::max(longest, cost);
+    with_rows += static_cast<uint32_t>(ql != 0);
   }
   const bool bad = (sign_bits >> 31) != 0 || (causal && below_q != 0);
   const int64_t q_tokens = static_cast<int64_t>(q_sum);
@@ -766,7 +664,15 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   if (cap.batch_invariant) {
     cut_invariant(in, num_ctas, out);
   } else if (decode) {
-    cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
+    // Decode: every request is one item whose cost is request_cost's term (total_cost).
+    const int64_t share = (total_cost + ctas_per_group - 1) / ctas_per_group;
+    const bool whole = with_rows <= static_cast<uint32_t>(ctas_per_group) &&
+                       int64_t{longest} * kWholeSlackDiv <= share * (kWholeSlackDiv + 1);
+    if (whole) {
+      place_whole(in, out);
+    } else {
+      cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
+    }
     if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
   } else if (groups > 1) {
     // Scratch reused across plans on this thread: after the first plans of the largest batch,

@@ -24,14 +24,18 @@ struct PlanLayout {
 
 // Batch-invariant plans (AttnCapacity::batch_invariant): a request's units depend on that
 // request alone. Row tiles of kMaxRows rows (not the batch's longest q_len); the n key tiles a
-// row tile sees are cut into p = clamp(ceil(n / kInvariantSplitTiles), 1, kInvariantMaxPieces)
-// pieces of ceil(n / p) key tiles (the last one shorter), a split tile's partial slots are
-// consecutive in key order and its combine merges them in that order. Which CTA runs a piece
-// (the only thing the batch decides) does not change the arithmetic.
-inline constexpr int kInvariantSplitTiles = 32;  // 2048 keys
+// row tile of a request with T row tiles sees are cut into
+// p = clamp(ceil(n / (kInvariantSplitTiles x T)), 1, kInvariantMaxPieces) pieces of ceil(n / p)
+// key tiles (the last one shorter), a split tile's partial slots are consecutive in key order
+// and its combine merges them in that order. Which CTA runs a piece (the only thing the batch
+// decides) does not change the arithmetic. The T: a request of T row tiles has T units per
+// piece (on T groups of CTAs, plan_invariant.cc), so scaling the piece by T keeps the pieces
+// per CTA and the partial bytes per key those of a one-tile request.
+inline constexpr int kInvariantSplitTiles = 64;  // 4096 keys
 inline constexpr int kInvariantMaxPieces = 4;
-// The pieces (units) of a row tile that sees n key tiles, in a batch-invariant plan.
-int invariant_pieces(int64_t key_tiles);
+// The pieces (units) of a row tile that sees n key tiles, of a request with row_tiles row tiles,
+// in a batch-invariant plan.
+int invariant_pieces(int64_t key_tiles, int64_t row_tiles = 1);
 
 // Sizes depend only on the capacity and the grid.
 PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas);

@@ -23,16 +23,19 @@
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
-// Synchronisation: the mbarrier p_ready (warpgroup 0's 128 threads arrive once P and the rescale
-// factors of tile t are written, warpgroup 1 waits on phase t % 2); named barriers (256 = both
-// warpgroups; warpgroup 0 arrives, 1 waits unless noted): kPFree (1 -> 0: warpgroup 1 is done
-// reading P / factors of tile t), kStageFree + s (warpgroup 0 is done with stage s), kWg0
-// (warpgroup 0 only). Each is used once per tile in a fixed direction, so no barrier can collect
+// Synchronisation: the mbarriers p_ready (warpgroup 0's 128 threads arrive once P and the
+// rescale factors of tile t are written, warpgroup 1 waits on phase t % 2) and p_free (warpgroup
+// 1's 128 threads arrive once they have read P / factors of tile t, warpgroup 0 waits on phase
+// t % 2 before it writes those of tile t + 1: p_free of t + 1 needs p_ready of t + 1, so neither
+// runs two phases ahead of its waiter); named barriers (256 = both warpgroups; warpgroup 0
+// arrives, 1 waits): kStageFree + s (warpgroup 0 is done with stage s), kWg0 / kWg1 (one
+// warpgroup only). Each is used once per tile in a fixed direction, so no barrier can collect
 // two arrivals of one side before the other side's wait. The row sums of a unit go through the
 // mbarriers sums_ready (0 -> 1) and sums_free (1 -> 0: read; 0 waits for it before the next
 // unit's sums, so neither barrier can run two phases ahead of its waiter). compute-sanitizer
-// racecheck models the mbarrier hand-offs; across named barriers and even __syncthreads it
-// reported hazards here.
+// racecheck models the mbarrier hand-offs, not a bar.arrive / bar.sync pair (it reported the
+// factors of tile t + 1 written over those of t while P free was a named barrier), hence every
+// hand-off of data written with generic stores goes through an mbarrier.
 #pragma once
 
 #include "kernels/cuda/absorbed/sm90_common.cuh"
@@ -46,12 +49,12 @@ inline constexpr int kKvOff = kTileBytes;
 inline constexpr int kPOff = kKvOff + 2 * kTileBytes;  // bf16 [64 rows][64 keys], swizzled
 inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [64]: rescale factors of tile t
 inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row sum per unit
-// mbarriers full[2], p_ready, sums_ready, sums_free, conv[2] (fp8: tile converted)
+// mbarriers full[2], p_ready, sums_ready, sums_free, conv[2] (fp8: tile converted), p_free
 inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;
-inline constexpr int kSmemBytes = kBarOff + 7 * 8 + 1024;  // + alignment slack
+inline constexpr int kSmemBytes = kBarOff + 8 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
 
-enum Barrier : int { kPFree = 2, kStageFree = 3 /* + stage */, kWg0 = 5, kWg1 = 6 };
+enum Barrier : int { kStageFree = 3 /* + stage */, kWg0 = 5, kWg1 = 6 };
 
 // The producer's position: the next key tile of this CTA to load (tiles of its units in order,
 // units without keys skipped).
@@ -212,6 +215,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
   const uint32_t full0 = base + kBarOff;  // full[s] at full0 + 8 s
   const uint32_t p_ready = full0 + 16, sums_ready = full0 + 24, sums_free = full0 + 32;
   const uint32_t conv0 = full0 + 40;  // fp8: conv[s] at conv0 + 8 s
+  const uint32_t p_free = full0 + 56;
   float* alpha_s = reinterpret_cast<float*>(smem + kAlphaOff);
   float* inv_s = reinterpret_cast<float*>(smem + kInvOff);
   const uint64_t desc_k0 = desc_k_sw128(0), desc_mn0 = desc_mn_sw128(0, kBlockBytes);
@@ -228,6 +232,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     mbar_init(p_ready, 128);
     mbar_init(sums_ready, 128);
     mbar_init(sums_free, 128);
+    mbar_init(p_free, 128);
     if constexpr (kFp8) {
       mbar_init(conv0, 128);
       mbar_init(conv0 + 8, 128);
@@ -354,7 +359,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
           pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(pr.x, pr.y);
           pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pr.z, pr.w);
         }
-        if (g > 0) bar_sync(kPFree, 256);  // warpgroup 1 is done with P / factors of g - 1
+        if (g > 0) mbar_wait(p_free, (g - 1) & 1);  // warpgroup 1 is done with P / factors of g - 1
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const uint32_t byte = (lane & 3) * 4;
@@ -402,7 +407,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
-        bar_arrive(kPFree, 256);
+        mbar_arrive(p_free);            // P and the factors of tile g are read
         bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
         if (cur.valid()) {
           issue_tile<kFp8>(p, cur, box_rows, tw, sl, k_tile, full);

@@ -9,11 +9,31 @@
 #include "kernels/cuda/mha/launcher.h"
 #include "kernels/cuda/mha/params.h"
 #include "kernels/cuda/mha/plan.h"
+#include "kernels/cuda/mha/traits.h"
 #include "kernels/cuda/mha/view_checks.h"
 #include "kernels/cuda/ops_factory.h"
+#include "kernels/cuda/sm90/tensor_map.h"
 
 namespace mla::cuda {
 namespace {
+
+// A [tokens, heads, dim] bf16 view as the 3-D tensor map {dim, head, token} the kernel reads in
+// boxes of 64 columns x 1 head x 128 tokens (128-byte swizzle).
+bool encode_tmap(const TensorView& t, int dim, unsigned char* out) {
+  sm90::TensorMap3d m;
+  m.base = t.data;
+  m.elem_bytes = 2;
+  m.dims[0] = dim;
+  m.dims[1] = t.shape[1];
+  m.dims[2] = t.shape[0];
+  // A single head's stride is never used: any legal value.
+  m.stride1 = t.shape[1] > 1 ? t.stride[1] : dim;
+  m.stride2 = t.shape[0] > 1 ? t.stride[0] : m.stride1 * t.shape[1];
+  m.box[0] = 64;
+  m.box[1] = 1;
+  m.box[2] = mha::MhaTraits::kBlockN;
+  return sm90::encode_tensor_map_3d(m, out);
+}
 
 class CudaMhaOp final : public MhaAttentionOp {
  public:
@@ -66,6 +86,14 @@ class CudaMhaOp final : public MhaAttentionOp {
     p.lse_row_stride = a.lse.empty() ? 0 : a.lse.stride[0];
     p.num_heads = static_cast<int>(h);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+    MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.q, 192, p.q_tmap),
+                   "cuda mha: the driver rejected a TMA tensor map of q ({})", a.q.describe());
+    if (tk > 0) {
+      MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.k, 192, p.k_tmap),
+                     "cuda mha: the driver rejected a TMA tensor map of k ({})", a.k.describe());
+      MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.v, 128, p.v_tmap),
+                     "cuda mha: the driver rejected a TMA tensor map of v ({})", a.v.describe());
+    }
     const int grid = sm_count(dev.index);
     MLA_CHECK_CODE(StatusCode::kCudaError, grid > 0, "cuda mha: no multiprocessors on {}",
                    dev.to_string());

@@ -47,6 +47,12 @@ struct MhaParams {
   int64_t lse_row_stride;  // elements between tokens; heads contiguous
   int num_heads;
   float scale_log2;  // sm_scale * log2(e)
+  // TMA tensor maps (CUtensorMap) of q, k, v as 3-D tensors {dim, head, token}, boxes of 64
+  // columns x 1 head x 128 tokens, 128-byte swizzle; read through the kernel parameter
+  // (__grid_constant__). k / v are unused (not encoded) when no request has keys.
+  alignas(64) unsigned char q_tmap[128];
+  alignas(64) unsigned char k_tmap[128];
+  alignas(64) unsigned char v_tmap[128];
 };
 
 }  // namespace mla::cuda::mha

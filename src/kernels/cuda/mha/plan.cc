@@ -77,10 +77,15 @@ StatusOr<std::size_t> build_plan(const MhaProblem& problem, const AttnCapacity& 
   header.num_tiles = static_cast<int32_t>(tiles.size());
   header.num_heads = problem.num_heads;
   header.batch_size = static_cast<int32_t>(bs);
-  // Measured on the H200 (b1 4096: 16 best; b1 16384: 4 best): about 64K keys x heads in flight.
-  int32_t max_kv = 1;
-  for (int64_t b = 0; b < bs; ++b) max_kv = std::max<int32_t>(max_kv, kv[b + 1] - kv[b]);
-  header.head_group = std::clamp<int32_t>(65536 / max_kv, 4, 16);
+  // The CTAs running at once cover tiles of every request (heaviest first) and head_group heads:
+  // about 64K (causal: a tile reads up to its diagonal, half its request's keys on average) or
+  // 32K (non-causal) keys x heads in flight keep them in L2. Measured on the H200, 2026-12-03
+  // (bench/results/h200.jsonl, run 2 of branch mha): causal b1 s4096 16 best of 16/8/4/2, b4 s2048
+  // 8 best of 16/8/4, b1 s16384 4 best of 4/2/1; the chunked extend's 32K-key chunks 1 or 2
+  // better than 4.
+  const int64_t budget = problem.causal ? 65536 : 32768;
+  header.head_group =
+      static_cast<int32_t>(std::clamp<int64_t>(budget / std::max<int64_t>(kv_tokens, 1), 1, 16));
   std::memcpy(host_plan.data(), &header, sizeof(header));
   if (!tiles.empty()) {
     std::memcpy(host_plan.data() + sizeof(header), tiles.data(), tiles.size() * sizeof(MhaTile));

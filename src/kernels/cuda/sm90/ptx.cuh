@@ -86,4 +86,21 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// Warp-specialised register budgets: the executing warpgroup's per-thread register count is
+// lowered (dec) or raised (inc, waits until the registers are free) to kRegs (a multiple of 8 in
+// 24 .. 256). Every warp of the warpgroup executes it.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Brings the cache line of global address `p` into L1 (a hint).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
 }  // namespace mla::cuda::sm90

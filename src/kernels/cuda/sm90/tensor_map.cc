@@ -91,4 +91,44 @@ bool cached_tensor_map_2d(const TensorMap2d& t, void* out) {
   return true;
 }
 
+bool encode_tensor_map_3d(const TensorMap3d& t, void* out) {
+  const auto fn = encode_fn();
+  const int64_t box_bytes = int64_t{t.box[0]} * t.elem_bytes;
+  if (fn == nullptr || t.base == nullptr || (t.elem_bytes != 1 && t.elem_bytes != 2) ||
+      (t.swizzle128 && box_bytes != 128) || box_bytes % 16 != 0 ||
+      (reinterpret_cast<std::uintptr_t>(t.base) % 16) != 0 ||
+      (reinterpret_cast<std::uintptr_t>(out) % 64) != 0) {
+    return false;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (t.dims[i] <= 0 || t.dims[i] > (int64_t{1} << 32) || t.box[i] <= 0 || t.box[i] > 256) {
+      return false;
+    }
+  }
+  const int64_t s1 = t.stride1 * t.elem_bytes, s2 = t.stride2 * t.elem_bytes;
+  if (s1 <= 0 || s2 <= 0 || s1 % 16 != 0 || s2 % 16 != 0 || s1 >= (int64_t{1} << 40) ||
+      s2 >= (int64_t{1} << 40)) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.dims[0]),
+                              static_cast<cuuint64_t>(t.dims[1]),
+                              static_cast<cuuint64_t>(t.dims[2])};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(s1), static_cast<cuuint64_t>(s2)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(t.box[0]), static_cast<cuuint32_t>(t.box[1]),
+                             static_cast<cuuint32_t>(t.box[2])};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const int l2b = t.l2_promotion_bytes;
+  const CUtensorMapL2promotion l2 = l2b >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                    : l2b >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                    : l2b >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                                 : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+  const CUresult r =
+      fn(static_cast<CUtensorMap*>(out),
+         t.elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
+         const_cast<void*>(t.base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+         t.swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, l2,
+         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 }  // namespace mla::cuda::sm90

@@ -30,4 +30,22 @@ bool encode_tensor_map_2d(const TensorMap2d& t, void* out);
 // address and shape only, never the contents.
 bool cached_tensor_map_2d(const TensorMap2d& t, void* out);
 
+// A 3-D tensor of elem_bytes elements: dims[0] contiguous, dims[1] and dims[2] at strides (in
+// elements) stride1 and stride2, read in boxes of box[0] x box[1] x box[2] elements (box[0] *
+// elem_bytes == 128 with the 128-byte swizzle), zeros outside. A [tokens, heads, dim] view is
+// dims {dim, heads, tokens}; a box {64, 1, rows} lands as rows x 128 bytes.
+struct TensorMap3d {
+  const void* base = nullptr;
+  int elem_bytes = 2;
+  int64_t dims[3] = {0, 0, 0};
+  int64_t stride1 = 0, stride2 = 0;
+  int box[3] = {0, 0, 0};
+  bool swizzle128 = true;
+  int l2_promotion_bytes = 256;
+};
+
+// As encode_tensor_map_2d: false when the driver has no entry point or rejects the shape (a
+// stride not a multiple of 16 bytes, an unaligned base, an empty dimension).
+bool encode_tensor_map_3d(const TensorMap3d& t, void* out);
+
 }  // namespace mla::cuda::sm90
