@@ -63,7 +63,7 @@ if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
     log="/tmp/mla_sanitize_$tool.log"  # appended to $OUT/sanitize_all.log (8 files at most)
     extra=()
     [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
-    [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
+    # (initcheck takes no "--track-unused-memory no": compute-sanitizer read "no" as the program.)
     start=$SECONDS
     timeout -s INT -k 15 "${GPU_SANITIZE_TIMEOUT:-130}" compute-sanitizer --tool "$tool" \
       "${extra[@]}" --print-limit 100 --error-exitcode 9 "$tests" --gtest_filter="$sfilt" \

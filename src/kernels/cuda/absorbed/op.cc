@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cuda/absorbed/choose.h"
 #include "kernels/cuda/absorbed/launcher.h"
@@ -85,7 +86,10 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.req_to_token = table.data;
     p.req_to_token_stride = table.row_stride;
     p.page_table_blocks = table.block ? 1 : 0;
-    p.num_slots = a.kv_cache.shape[0];
+    MLA_CHECK_ARG(a.kv_cache.shape[0] <= int64_t{INT32_MAX},
+                  "kv_cache: {} slots; slot ids are int32 (at most {})", a.kv_cache.shape[0],
+                  INT32_MAX);
+    p.num_slots = static_cast<uint32_t>(a.kv_cache.shape[0]);
     p.o = a.o.ptr<uint16_t>();
     p.lse = a.lse.ptr<float>();
     // Partial slots: the grid's (as planned without batch invariance), or as many as the

@@ -69,7 +69,7 @@ struct AbsorbedParams {
   const int32_t* req_to_token;  // i32 [rows, req_to_token_stride]
   int64_t req_to_token_stride;  // elements between rows of req_to_token
   int32_t page_table_blocks;    // 1: req_to_token holds page ids [rows, max_blocks]
-  int64_t num_slots;            // rows of the cache: a slot outside [0, num_slots) reads zeros
+  uint32_t num_slots;           // rows of the cache: a slot outside [0, num_slots) reads zeros
   uint16_t* o;                  // bf16 [T, H, 512]
   float* lse;                   // f32 [T, H]
   float* partial_o;             // f32 [max_partials, 64, 512] (workspace)

@@ -25,15 +25,21 @@ __device__ __forceinline__ int32_t slot_of(const AbsorbedParams& p, int pool_row
                                            int key, int page_size) {
   if (key >= kv_end) return -1;
   const int32_t* row = p.req_to_token + static_cast<int64_t>(pool_row) * p.req_to_token_stride;
-  int64_t slot;
+  // Unsigned 32-bit arithmetic: a negative entry wraps past every valid slot, so one compare
+  // bounds both ends (slots are int32 and the cache has at most 2^31 of them).
+  uint32_t slot;
   if (page_size == 1) {
-    slot = row[key];
+    slot = static_cast<uint32_t>(row[key]);
   } else if (p.page_table_blocks) {
-    slot = static_cast<int64_t>(row[key / page_size]) * page_size + key % page_size;
+    const uint32_t page = static_cast<uint32_t>(row[key / page_size]);
+    if (page >= p.num_slots / static_cast<uint32_t>(page_size)) return kSlotOutside;
+    slot = page * static_cast<uint32_t>(page_size) + static_cast<uint32_t>(key % page_size);
   } else {
-    slot = static_cast<int64_t>(row[(key / page_size) * page_size]) + key % page_size;
+    const uint32_t first = static_cast<uint32_t>(row[(key / page_size) * page_size]);
+    if (first >= p.num_slots) return kSlotOutside;
+    slot = first + static_cast<uint32_t>(key % page_size);
   }
-  return slot >= 0 && slot < p.num_slots ? static_cast<int32_t>(slot) : kSlotOutside;
+  return slot < p.num_slots ? static_cast<int32_t>(slot) : kSlotOutside;
 }
 
 }  // namespace mla::cuda::absorbed

@@ -113,17 +113,18 @@ __device__ __forceinline__ void scale_mask_max(float (&s)[4 * kJ], int key0, int
   }
 }
 
-// Online-softmax rescale of a 64 x 256 accumulator by the rows' factors, skipped when no row of
-// the warp changed its maximum (o * 1 == o: bitwise the same).
+// Online-softmax rescale of a 64 x 256 accumulator by the rows' factors. Always applied, with no
+// branch: the wgmma that follows must be reached by the four warps of the warpgroup at the same
+// instruction, and a per-warp skip (when no row of the warp changed its maximum) let the compiler
+// duplicate the code after it, which compute-sanitizer synccheck reports as a warpgroup MMA
+// sequence error (2026-12-03). A factor of 1 leaves o bitwise the same.
 __device__ __forceinline__ void rescale_o(float (&o)[128], float a0, float a1) {
-  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j + 0] *= a0;
-      o[4 * j + 1] *= a0;
-      o[4 * j + 2] *= a1;
-      o[4 * j + 3] *= a1;
-    }
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j + 0] *= a0;
+    o[4 * j + 1] *= a0;
+    o[4 * j + 2] *= a1;
+    o[4 * j + 3] *= a1;
   }
 }
 
