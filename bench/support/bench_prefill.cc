@@ -33,8 +33,8 @@ StatusOr<DeviceBuffer> random_buffer(int64_t elems, uint64_t seed, cudaStream_t 
 }
 
 // b requests of s_q queries on s_k keys each; causal (s_q == s_k then) or not (a prefix chunk).
-Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, double gemm_tflops,
-                 cudaStream_t stream, const BenchSink& sink) {
+Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, cudaStream_t stream,
+                 const BenchSink& sink) {
   const OpSet* set = OpRegistry::global().find("cuda");
   if (set == nullptr || !set->mha) return unsupported("no cuda mha op registered");
   const MhaAttentionOp& op = *set->mha;
@@ -85,15 +85,13 @@ Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, double gemm_tf
         {"us_min", times.second},
         {"tflops", tflops},
         {"gbps", 0.0},
-        {"bound", "compute"},
-        {"ceiling_fraction", tflops / gemm_tflops},
         {"iters", iters}});
   return Status::Ok();
 }
 
 // 4096 new tokens on a 32768-token prefix, one request, page 64, 128 heads, one layer.
-Status bench_extend(const std::string& backend_name, int iters, double gemm_tflops,
-                    cudaStream_t stream, const BenchSink& sink) {
+Status bench_extend(const std::string& backend_name, int iters, cudaStream_t stream,
+                    const BenchSink& sink) {
   constexpr int32_t kPrefix = 32768;
   constexpr int32_t kNew = 4096;
   constexpr int kPage = 64;
@@ -174,16 +172,13 @@ Status bench_extend(const std::string& backend_name, int iters, double gemm_tflo
         {"us_min", times.second},
         {"tflops", tflops},
         {"gbps", 0.0},
-        {"bound", "compute"},
-        {"ceiling_fraction", tflops / gemm_tflops},
         {"iters", iters}});
   return Status::Ok();
 }
 
 }  // namespace
 
-Status run_prefill_benches(bool prefill, bool extend, bool quick, double gemm_tflops,
-                           const BenchSink& sink) {
+Status run_prefill_benches(bool prefill, bool extend, bool quick, const BenchSink& sink) {
   cudaStream_t stream = nullptr;
   MLA_BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int iters = quick ? 5 : 10;
@@ -194,13 +189,13 @@ Status run_prefill_benches(bool prefill, bool extend, bool quick, double gemm_tf
   if (prefill) {
     std::vector<std::pair<int, int>> shapes{{1, 4096}, {4, 2048}, {1, 16384}};
     if (quick) shapes.resize(1);
-    for (auto [b, s] : shapes) note(bench_mha(b, s, s, true, iters, gemm_tflops, stream, sink));
+    for (auto [b, s] : shapes) note(bench_mha(b, s, s, true, iters, stream, sink));
     // The chunked extend's prefix-chunk attention: 4096 queries on a 16384-key chunk.
-    if (!quick) note(bench_mha(1, 4096, 16384, false, iters, gemm_tflops, stream, sink));
+    if (!quick) note(bench_mha(1, 4096, 16384, false, iters, stream, sink));
   }
   if (extend) {
     for (const char* name : {"chunked_mla", "paged_mla"}) {
-      note(bench_extend(name, iters, gemm_tflops, stream, sink));
+      note(bench_extend(name, iters, stream, sink));
     }
   }
   cudaStreamDestroy(stream);
@@ -212,7 +207,7 @@ Status run_prefill_benches(bool prefill, bool extend, bool quick, double gemm_tf
 #else  // !MLA_WITH_CUDA
 
 namespace mla::cli {
-Status run_prefill_benches(bool, bool, bool, double, const BenchSink&) {
+Status run_prefill_benches(bool, bool, bool, const BenchSink&) {
   return unsupported("prefill benchmarks need a build with MLA_CUDA=ON");
 }
 }  // namespace mla::cli

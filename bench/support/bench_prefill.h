@@ -18,9 +18,8 @@ namespace mla::cli {
 using BenchSink = std::function<void(const nlohmann::json&)>;
 
 // Runs the chosen groups on cuda:0. quick: fewer iterations and only (b1, 4096) for prefill.
-// gemm_tflops: the cuBLAS bf16 GEMM rate measured in the same run (ceilings.h), the ceiling of
-// every row's fraction.
-Status run_prefill_benches(bool prefill, bool extend, bool quick, double gemm_tflops,
-                           const BenchSink& sink);
+// Rows carry no ceiling fractions: `mla bench` adds them against the ceilings it measures in the
+// same run (ceilings.h).
+Status run_prefill_benches(bool prefill, bool extend, bool quick, const BenchSink& sink);
 
 }  // namespace mla::cli

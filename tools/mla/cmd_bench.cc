@@ -126,6 +126,26 @@ struct DecodeConfig {
   DType cache_dtype = DType::kBF16;
 };
 
+// A row's fractions of this run's ceilings: decode against the streaming read (it reads the
+// cache once) and cuBLAS's bf16 GEMM, the binding one the larger (bound); prefill and extend
+// against the GEMM.
+void add_fractions(nlohmann::json& row, const Ceilings& c) {
+  const double gemm = row.value("tflops", 0.0) / c.gemm_tflops;
+  if (row.value("op", "") == "decode") {
+    const double read = row.value("gbps", 0.0) / c.stream_read_gbps;
+    row["read_fraction"] = read;
+    row["gemm_fraction"] = gemm;
+    row["ceiling_fraction"] = std::max(read, gemm);
+    row["bound"] = gemm >= read ? "compute" : "memory";
+  } else {
+    row["gemm_fraction"] = gemm;
+    row["ceiling_fraction"] = gemm;
+    row["bound"] = "compute";
+  }
+  row["ceiling_stream_read_gbps"] = c.stream_read_gbps;
+  row["ceiling_gemm_tflops"] = c.gemm_tflops;
+}
+
 std::vector<DecodeConfig> decode_grid(bool quick) {
   std::vector<DecodeConfig> g;
   if (quick) {
@@ -158,7 +178,6 @@ struct DecodeBench {
   DeviceBuffer cache_fp8;  // fp8 e4m3 (values normal/4 as stored; k_scale 1.5 applied)
   int64_t cache_slots = 0;
   cudaStream_t stream = nullptr;
-  Ceilings ceilings;  // measured at the start of this run
 };
 
 int64_t slots_needed(const DecodeConfig& c) {
@@ -236,11 +255,6 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   const double bytes = sum_kv * kv_bytes_per_key + double(tokens) * c.h_q * (576 + 512) * 2;
   const double tflops = flops / (us * 1e-6) / 1e12;
   const double gbps = bytes / (us * 1e-6) / 1e9;
-  // Against this run's ceilings: the streaming read (decode reads the cache once) and cuBLAS's
-  // bf16 GEMM; the binding one is the larger time.
-  const Ceilings& ceil = db.ceilings;
-  const double t_compute = flops / (ceil.gemm_tflops * 1e12);
-  const double t_memory = bytes / (ceil.stream_read_gbps * 1e9);
   nlohmann::json row = {{"op", "decode"},
                         {"backend", "cuda"},
                         {"b", c.b},
@@ -255,22 +269,17 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
                         {"kv_bytes_per_key", kv_bytes_per_key},
                         {"tflops", tflops},
                         {"gbps", gbps},
-                        {"bound", t_compute >= t_memory ? "compute" : "memory"},
-                        {"ceiling_fraction", std::max(t_compute, t_memory) / (us * 1e-6)},
-                        {"read_fraction", gbps / ceil.stream_read_gbps},
-                        {"gemm_fraction", tflops / ceil.gemm_tflops},
                         {"us_min", times.second},
                         {"iters", iters}};
   return row;
 }
 
-Status run_decode_benches(const BenchOptions& opt, const Ceilings& ceilings, Emitter& emit,
+Status run_decode_benches(const BenchOptions& opt, const BenchSink& sink,
                           const nlohmann::json& base) {
   const OpSet* set = OpRegistry::global().find("cuda");
   if (set == nullptr || !set->absorbed) return unsupported("no cuda absorbed op registered");
   DecodeBench db;
   db.op = set->absorbed.get();
-  db.ceilings = ceilings;
   std::vector<DType> dtypes;
   if (opt.cache_dtype.find("bf16") != std::string::npos) dtypes.push_back(DType::kBF16);
   if (opt.cache_dtype.find("fp8") != std::string::npos) dtypes.push_back(DType::kFP8E4M3);
@@ -314,7 +323,7 @@ Status run_decode_benches(const BenchOptions& opt, const Ceilings& ceilings, Emi
     }
     nlohmann::json r = base;
     r.update(*row);
-    emit.emit(r);
+    sink(r);
   }
   cudaStreamDestroy(db.stream);
   if (failures) return internal_error("{} decode configurations failed", failures);
@@ -387,7 +396,38 @@ int run_bench(const BenchOptions& opt) {
   const nlohmann::json base = {{"date", utc_date()},
                                {"commit", commit_id()},
                                {"gpu", device_runtime(DeviceType::kCuda)->describe(0)}};
-  // The ceilings of this machine, measured first; one row each, and every row's fractions.
+  // The op rows first, then this machine's ceilings (measured after the ops, so their large
+  // allocations and GEMMs never precede an op's timing), one row each; every op row gets its
+  // fractions of them before it is printed.
+  std::vector<nlohmann::json> rows;
+  const BenchSink collect = [&](const nlohmann::json& row) { rows.push_back(row); };
+  int rc = 0;
+  const auto wants = [&](const char* op) { return opt.ops.find(op) != std::string::npos; };
+  if (wants("decode")) {
+    const Status st = run_decode_benches(opt, collect, base);
+    if (!st.ok()) {
+      std::fprintf(stderr, "mla bench decode: %s\n", st.to_string().c_str());
+      rc = 1;
+    }
+  }
+#ifdef MLA_HAVE_BENCH_PREFILL
+  if (wants("prefill") || wants("extend")) {
+    const auto sink = [&](const nlohmann::json& row) {
+      nlohmann::json r = base;
+      r.update(row);
+      rows.push_back(r);
+    };
+    const Status st = run_prefill_benches(wants("prefill"), wants("extend"), opt.quick, sink);
+    if (!st.ok()) {
+      std::fprintf(stderr, "mla bench prefill/extend: %s\n", st.to_string().c_str());
+      rc = 1;
+    }
+  }
+#else
+  if (wants("prefill") || wants("extend")) {
+    std::fprintf(stderr, "mla bench: prefill/extend benchmarks not built (bench_prefill.h)\n");
+  }
+#endif
   cudaStream_t stream = nullptr;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     std::fprintf(stderr, "mla bench: cannot create a CUDA stream\n");
@@ -407,34 +447,10 @@ int run_bench(const BenchOptions& opt) {
     r.update({{"op", "ceiling"}, {"what", what}, {"gbps", gbps}, {"tflops", tflops}});
     emit.emit(r);
   }
-  int rc = 0;
-  const auto wants = [&](const char* op) { return opt.ops.find(op) != std::string::npos; };
-  if (wants("decode")) {
-    const Status st = run_decode_benches(opt, *ceilings, emit, base);
-    if (!st.ok()) {
-      std::fprintf(stderr, "mla bench decode: %s\n", st.to_string().c_str());
-      rc = 1;
-    }
+  for (nlohmann::json& row : rows) {
+    add_fractions(row, *ceilings);
+    emit.emit(row);
   }
-#ifdef MLA_HAVE_BENCH_PREFILL
-  if (wants("prefill") || wants("extend")) {
-    const auto sink = [&](const nlohmann::json& row) {
-      nlohmann::json r = base;
-      r.update(row);
-      emit.emit(r);
-    };
-    const Status st = run_prefill_benches(wants("prefill"), wants("extend"), opt.quick,
-                                          ceilings->gemm_tflops, sink);
-    if (!st.ok()) {
-      std::fprintf(stderr, "mla bench prefill/extend: %s\n", st.to_string().c_str());
-      rc = 1;
-    }
-  }
-#else
-  if (wants("prefill") || wants("extend")) {
-    std::fprintf(stderr, "mla bench: prefill/extend benchmarks not built (bench_prefill.h)\n");
-  }
-#endif
   return rc;
 #endif
 }
