@@ -41,10 +41,14 @@ Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, cudaStream_t s
   const int64_t t = int64_t{b} * s_q;
   const int64_t tk = int64_t{b} * s_k;
   const Device dev = Device::cuda();
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer q, random_buffer(t * kHeads * 192, 11, stream, "bench.q"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer k, random_buffer(tk * kHeads * 192, 12, stream, "bench.k"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer v, random_buffer(tk * kHeads * 128, 13, stream, "bench.v"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer o, random_buffer(t * kHeads * 128, 14, stream, "bench.o"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer q,
+                       random_buffer(t * kHeads * kQkHeadDim, 11, stream, "bench.q"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer k,
+                       random_buffer(tk * kHeads * kQkHeadDim, 12, stream, "bench.k"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer v,
+                       random_buffer(tk * kHeads * kVHeadDim, 13, stream, "bench.v"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer o,
+                       random_buffer(t * kHeads * kVHeadDim, 14, stream, "bench.o"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer lse,
                        DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse", "bench", false));
   std::vector<int32_t> indptr(static_cast<std::size_t>(b) + 1), kv_indptr(indptr.size());
@@ -59,10 +63,10 @@ Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, cudaStream_t s
   MLA_BENCH_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(plan.data(), host_plan.data(), used, cudaMemcpyHostToDevice, stream));
   MhaArgs a;
-  a.q = TensorView(q.data(), DType::kBF16, dev, {t, kHeads, 192});
-  a.k = TensorView(k.data(), DType::kBF16, dev, {tk, kHeads, 192});
-  a.v = TensorView(v.data(), DType::kBF16, dev, {tk, kHeads, 128});
-  a.o = TensorView(o.data(), DType::kBF16, dev, {t, kHeads, 128});
+  a.q = TensorView(q.data(), DType::kBF16, dev, {t, kHeads, kQkHeadDim});
+  a.k = TensorView(k.data(), DType::kBF16, dev, {tk, kHeads, kQkHeadDim});
+  a.v = TensorView(v.data(), DType::kBF16, dev, {tk, kHeads, kVHeadDim});
+  a.o = TensorView(o.data(), DType::kBF16, dev, {t, kHeads, kVHeadDim});
   a.lse = TensorView(lse.data(), DType::kF32, dev, {t, kHeads});
   a.sm_scale = kDeepSeekV3SoftmaxScale;
   a.plan = plan.data();
@@ -70,7 +74,7 @@ Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, cudaStream_t s
   MLA_ASSIGN_OR_RETURN(auto times, time_runs(stream, 3, iters, [&] { return op.run(a, ctx); }));
   // Causal: half the square.
   const double pairs = causal ? double(s_q) * s_k / 2 : double(s_q) * s_k;
-  const double flops = 2.0 * b * pairs * kHeads * (192 + 128);
+  const double flops = 2.0 * b * pairs * kHeads * (kQkHeadDim + kVHeadDim);
   const double tflops = flops / (times.first * 1e-6) / 1e12;
   sink({{"op", "prefill_mha"},
         {"backend", "cuda"},
@@ -109,7 +113,7 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
   MLA_RETURN_IF_ERROR(pool->extend_request(row, kPrefix, &slots));
   MLA_RETURN_IF_ERROR(pool->extend_request(row, kPrefix + kNew, &slots));
   MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(
-      pool->layer_cache(0).data, pool->num_slots() * 576, 21, 0.25f, stream));
+      pool->layer_cache(0).data, pool->num_slots() * kLatentDim, 21, 0.25f, stream));
 
   ForwardBatch batch;
   batch.mode = ForwardMode::kExtend;
@@ -130,34 +134,41 @@ Status bench_extend(const std::string& backend_name, int iters, cudaStream_t str
   MLA_RETURN_IF_ERROR(plan_batch(*backend, batch));
 
   const int64_t t = kNew;
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer q, random_buffer(t * kHeads * 192, 31, stream, "bench.q"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer k, random_buffer(t * kHeads * 192, 32, stream, "bench.k"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer v, random_buffer(t * kHeads * 128, 33, stream, "bench.v"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer ckv, random_buffer(t * 576, 34, stream, "bench.c_kv"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer w,
-                       random_buffer(int64_t{kHeads} * 256 * 512, 35, stream, "bench.kv_b_proj"));
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer o, random_buffer(t * kHeads * 128, 36, stream, "bench.o"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer q,
+                       random_buffer(t * kHeads * kQkHeadDim, 31, stream, "bench.q"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer k,
+                       random_buffer(t * kHeads * kQkHeadDim, 32, stream, "bench.k"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer v,
+                       random_buffer(t * kHeads * kVHeadDim, 33, stream, "bench.v"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer ckv, random_buffer(t * kLatentDim, 34, stream, "bench.c_kv"));
+  MLA_ASSIGN_OR_RETURN(
+      DeviceBuffer w, random_buffer(int64_t{kHeads} * kKvBProjRowsPerHead * kKvLoraRank, 35, stream,
+                                    "bench.kv_b_proj"));
+  MLA_ASSIGN_OR_RETURN(DeviceBuffer o,
+                       random_buffer(t * kHeads * kVHeadDim, 36, stream, "bench.o"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer lse,
                        DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse", "bench", false));
   AttentionInputs in;
   in.layer = 0;
-  in.c_kv = TensorView(ckv.data(), DType::kBF16, dev, {t, 512});
-  in.c_kv.stride[0] = 576;  // c_kv and k_pe are the two parts of one [T, 576] row
-  in.k_pe = TensorView(static_cast<uint16_t*>(ckv.data()) + 512, DType::kBF16, dev, {t, 64});
-  in.k_pe.stride[0] = 576;
-  in.q = TensorView(q.data(), DType::kBF16, dev, {t, kHeads, 192});
-  in.k = TensorView(k.data(), DType::kBF16, dev, {t, kHeads, 192});
-  in.v = TensorView(v.data(), DType::kBF16, dev, {t, kHeads, 128});
-  in.kv_b_proj = TensorView(w.data(), DType::kBF16, dev, {int64_t{kHeads} * 256, 512});
+  in.c_kv = TensorView(ckv.data(), DType::kBF16, dev, {t, kKvLoraRank});
+  in.c_kv.stride[0] = kLatentDim;  // c_kv and k_pe are the two parts of one [T, 576] row
+  in.k_pe = TensorView(static_cast<uint16_t*>(ckv.data()) + kKvLoraRank, DType::kBF16, dev,
+                       {t, kQkRopeDim});
+  in.k_pe.stride[0] = kLatentDim;
+  in.q = TensorView(q.data(), DType::kBF16, dev, {t, kHeads, kQkHeadDim});
+  in.k = TensorView(k.data(), DType::kBF16, dev, {t, kHeads, kQkHeadDim});
+  in.v = TensorView(v.data(), DType::kBF16, dev, {t, kHeads, kVHeadDim});
+  in.kv_b_proj =
+      TensorView(w.data(), DType::kBF16, dev, {int64_t{kHeads} * kKvBProjRowsPerHead, kKvLoraRank});
   AttentionOutputs out;
-  out.o = TensorView(o.data(), DType::kBF16, dev, {t, kHeads, 128});
+  out.o = TensorView(o.data(), DType::kBF16, dev, {t, kHeads, kVHeadDim});
   out.lse = TensorView(lse.data(), DType::kF32, dev, {t, kHeads});
   const ExecContext ctx{dev, stream};
   MLA_ASSIGN_OR_RETURN(auto times, time_runs(stream, 2, iters, [&] {
                          return backend->forward_extend(in, out, ctx);
                        }));
   const double pairs = double(kNew) * kPrefix + double(kNew) * (kNew + 1) / 2;
-  const double flops = pairs * kHeads * 2 * (192 + 128);
+  const double flops = pairs * kHeads * 2 * (kQkHeadDim + kVHeadDim);
   const double tflops = flops / (times.first * 1e-6) / 1e12;
   sink({{"op", "extend"},
         {"backend", backend_name},

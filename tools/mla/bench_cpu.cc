@@ -225,17 +225,17 @@ Status bench_decode(const OpSet& set, const DecodeShape& d, int iters, const Cei
   std::vector<std::byte> plan(op.plan_bytes(cap));
   MLA_RETURN_IF_ERROR(op.plan(prob, cap, plan).status());
   std::vector<std::byte> ws(op.workspace_bytes(cap));
-  std::vector<uint16_t> q(static_cast<std::size_t>(t * d.h * 576)), o(t * d.h * 512);
+  std::vector<uint16_t> q(static_cast<std::size_t>(t * d.h * kLatentDim)), o(t * d.h * kKvLoraRank);
   std::vector<float> lse(static_cast<std::size_t>(t * d.h));
   fill_bf16(q, 7);
   const Device dev = Device::cpu();
   AbsorbedArgs a;
-  a.q = TensorView(q.data(), DType::kBF16, dev, {t, d.h, 576});
+  a.q = TensorView(q.data(), DType::kBF16, dev, {t, d.h, kLatentDim});
   a.kv_cache =
-      TensorView(const_cast<uint16_t*>(cache.data()), DType::kBF16, dev, {cache_slots, 576});
+      TensorView(const_cast<uint16_t*>(cache.data()), DType::kBF16, dev, {cache_slots, kLatentDim});
   a.req_to_token = TensorView(const_cast<int32_t*>(layout.req_to_token.data()), DType::kI32, dev,
                               {layout.num_rows, layout.max_context_len});
-  a.o = TensorView(o.data(), DType::kBF16, dev, {t, d.h, 512});
+  a.o = TensorView(o.data(), DType::kBF16, dev, {t, d.h, kKvLoraRank});
   a.lse = TensorView(lse.data(), DType::kF32, dev, {t, d.h});
   a.sm_scale = kDeepSeekV3SoftmaxScale;
   a.plan = plan.data();
@@ -244,8 +244,8 @@ Status bench_decode(const OpSet& set, const DecodeShape& d, int iters, const Cei
   const ExecContext ctx{dev, nullptr};
   MLA_ASSIGN_OR_RETURN(auto times, time_runs(iters, [&] { return op.run(a, ctx); }));
   const double keys = double(d.b) * d.s_k;
-  const double flops = 2.0 * keys * d.h * (576 + 512);
-  const double bytes = keys * 576 * 2 + double(t) * d.h * (576 + 512) * 2;
+  const double flops = 2.0 * keys * d.h * (kLatentDim + kKvLoraRank);
+  const double bytes = keys * kLatentDim * 2 + double(t) * d.h * (kLatentDim + kKvLoraRank) * 2;
   nlohmann::json row = {{"op", "decode"},
                         {"backend", "cpu"},
                         {"b", d.b},
@@ -272,8 +272,8 @@ Status bench_prefill(const OpSet& set, const PrefillShape& p, int iters, const C
                      const CpuBenchSink& sink) {
   const MhaAttentionOp& op = *set.mha;
   const int64_t t = p.s;
-  std::vector<uint16_t> q(static_cast<std::size_t>(t * p.h * 192)), k(q.size()),
-      v(static_cast<std::size_t>(t * p.h * 128)), o(v.size());
+  std::vector<uint16_t> q(static_cast<std::size_t>(t * p.h * kQkHeadDim)), k(q.size()),
+      v(static_cast<std::size_t>(t * p.h * kVHeadDim)), o(v.size());
   std::vector<float> lse(static_cast<std::size_t>(t * p.h));
   fill_bf16(q, 11);
   fill_bf16(k, 12);
@@ -285,10 +285,10 @@ Status bench_prefill(const OpSet& set, const PrefillShape& p, int iters, const C
   std::vector<std::byte> ws(op.workspace_bytes(cap));
   const Device dev = Device::cpu();
   MhaArgs a;
-  a.q = TensorView(q.data(), DType::kBF16, dev, {t, p.h, 192});
-  a.k = TensorView(k.data(), DType::kBF16, dev, {t, p.h, 192});
-  a.v = TensorView(v.data(), DType::kBF16, dev, {t, p.h, 128});
-  a.o = TensorView(o.data(), DType::kBF16, dev, {t, p.h, 128});
+  a.q = TensorView(q.data(), DType::kBF16, dev, {t, p.h, kQkHeadDim});
+  a.k = TensorView(k.data(), DType::kBF16, dev, {t, p.h, kQkHeadDim});
+  a.v = TensorView(v.data(), DType::kBF16, dev, {t, p.h, kVHeadDim});
+  a.o = TensorView(o.data(), DType::kBF16, dev, {t, p.h, kVHeadDim});
   a.lse = TensorView(lse.data(), DType::kF32, dev, {t, p.h});
   a.sm_scale = kDeepSeekV3SoftmaxScale;
   a.plan = plan.data();
@@ -297,8 +297,8 @@ Status bench_prefill(const OpSet& set, const PrefillShape& p, int iters, const C
   const ExecContext ctx{dev, nullptr};
   MLA_ASSIGN_OR_RETURN(auto times, time_runs(iters, [&] { return op.run(a, ctx); }));
   // Half of the square (causal), as the GPU rows (PERF.md).
-  const double flops = 2.0 * (double(p.s) * p.s / 2) * p.h * (192 + 128);
-  const double bytes = double(t) * p.h * (192 + 192 + 128 + 128) * 2;
+  const double flops = 2.0 * (double(p.s) * p.s / 2) * p.h * (kQkHeadDim + kVHeadDim);
+  const double bytes = double(t) * p.h * (kQkHeadDim + kQkHeadDim + kVHeadDim + kVHeadDim) * 2;
   nlohmann::json row = {{"op", "prefill_mha"},
                         {"backend", "cpu"},
                         {"b", 1},
@@ -354,7 +354,7 @@ Status run_cpu_benches(bool decode, bool prefill, bool quick, int iters, const n
       // Every request's pages, the dummy page and spare pages (make_paged_layout's layout).
       slots = std::max<int64_t>(slots, (int64_t{d.b} * ((d.s_k + 63) / 64) + 8) * 64);
     }
-    std::vector<uint16_t> cache(static_cast<std::size_t>(slots * 576));
+    std::vector<uint16_t> cache(static_cast<std::size_t>(slots * kLatentDim));
     fill_bf16(cache, 20261203);
     for (const auto& d : grid) {
       // 128 heads do 8x the work of 16: fewer runs keep the grid to about a minute on 2 cores.

@@ -214,10 +214,10 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
   MLA_ASSIGN_OR_RETURN(DeviceBuffer ws, alloc(db.op->workspace_bytes(cap), "bench.workspace"));
   std::vector<DeviceBuffer> q(kSets), o(kSets), lse(kSets);
   for (int s = 0; s < kSets; ++s) {
-    MLA_ASSIGN_OR_RETURN(q[s], alloc(tokens * c.h_q * 576 * 2, "bench.q"));
-    MLA_ASSIGN_OR_RETURN(o[s], alloc(tokens * c.h_q * 512 * 2, "bench.o"));
+    MLA_ASSIGN_OR_RETURN(q[s], alloc(tokens * c.h_q * kLatentDim * 2, "bench.q"));
+    MLA_ASSIGN_OR_RETURN(o[s], alloc(tokens * c.h_q * kKvLoraRank * 2, "bench.o"));
     MLA_ASSIGN_OR_RETURN(lse[s], alloc(tokens * c.h_q * 4, "bench.lse"));
-    MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * 576,
+    MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(q[s].data(), tokens * c.h_q * kLatentDim,
                                                           seed + 17 * s + 1, 0.25f, db.stream));
   }
   MLA_BENCH_CUDA_RETURN_IF_ERROR(
@@ -227,13 +227,13 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
                                                  cudaMemcpyHostToDevice, db.stream));
   const auto args_for = [&](int s) {
     AbsorbedArgs a;
-    a.q = TensorView(q[s].data(), DType::kBF16, dev, {tokens, c.h_q, 576});
+    a.q = TensorView(q[s].data(), DType::kBF16, dev, {tokens, c.h_q, kLatentDim});
     a.kv_cache = TensorView(fp8 ? db.cache_fp8.data() : db.cache.data(), c.cache_dtype, dev,
-                            {db.cache_slots, 576});
+                            {db.cache_slots, kLatentDim});
     a.k_scale = fp8 ? 1.5f : 1.0f;
     a.req_to_token =
         TensorView(r2t.data(), DType::kI32, dev, {layout.num_rows, layout.max_context_len});
-    a.o = TensorView(o[s].data(), DType::kBF16, dev, {tokens, c.h_q, 512});
+    a.o = TensorView(o[s].data(), DType::kBF16, dev, {tokens, c.h_q, kKvLoraRank});
     a.lse = TensorView(lse[s].data(), DType::kF32, dev, {tokens, c.h_q});
     a.sm_scale = kDeepSeekV3SoftmaxScale;
     a.plan = plan_d.data();
@@ -250,9 +250,10 @@ StatusOr<nlohmann::json> bench_decode(DecodeBench& db, const DecodeConfig& c, in
 
   double sum_kv = 0;
   for (int32_t k : kv_lens) sum_kv += k;
-  const double flops = 2.0 * c.s_q * sum_kv * c.h_q * (576 + 512);
-  const double kv_bytes_per_key = 576.0 * (fp8 ? 1 : 2);
-  const double bytes = sum_kv * kv_bytes_per_key + double(tokens) * c.h_q * (576 + 512) * 2;
+  const double flops = 2.0 * c.s_q * sum_kv * c.h_q * (kLatentDim + kKvLoraRank);
+  const double kv_bytes_per_key = kLatentDim * (fp8 ? 1.0 : 2.0);
+  const double bytes =
+      sum_kv * kv_bytes_per_key + double(tokens) * c.h_q * (kLatentDim + kKvLoraRank) * 2;
   const double tflops = flops / (us * 1e-6) / 1e12;
   const double gbps = bytes / (us * 1e-6) / 1e9;
   nlohmann::json row = {{"op", "decode"},
@@ -298,16 +299,16 @@ Status run_decode_benches(const BenchOptions& opt, const BenchSink& sink,
   for (DType dt : dtypes) {
     if (dt == DType::kBF16) {
       MLA_ASSIGN_OR_RETURN(db.cache,
-                           DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576 * 2,
+                           DeviceBuffer::allocate(Device::cuda(), db.cache_slots * kLatentDim * 2,
                                                   "bench.kv_cache", "kv_pool.bench", false));
-      MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(db.cache.data(), db.cache_slots * 576,
-                                                            20261202, 0.25f, db.stream));
+      MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_bf16(
+          db.cache.data(), db.cache_slots * kLatentDim, 20261202, 0.25f, db.stream));
     } else {
       MLA_ASSIGN_OR_RETURN(db.cache_fp8,
-                           DeviceBuffer::allocate(Device::cuda(), db.cache_slots * 576,
+                           DeviceBuffer::allocate(Device::cuda(), db.cache_slots * kLatentDim,
                                                   "bench.kv_cache_fp8", "kv_pool.bench", false));
       MLA_BENCH_CUDA_RETURN_IF_ERROR(cuda::fill_random_fp8(
-          db.cache_fp8.data(), db.cache_slots * 576, 20261203, 0.25f, db.stream));
+          db.cache_fp8.data(), db.cache_slots * kLatentDim, 20261203, 0.25f, db.stream));
     }
   }
   int failures = 0;
