@@ -9,6 +9,8 @@
 // every operation each live row reads back its tokens, reference counts equal the number of
 // rows holding each page, the free page count is what the model says; after freeing every row
 // all pages are free.
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
 
