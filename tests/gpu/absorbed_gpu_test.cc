@@ -17,6 +17,7 @@
 #include "conformance/compare.h"
 #include "conformance/conformance.h"
 #include "conformance/reference.h"
+#include "gpu/device_test_util.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
 #include "kernels/cuda/absorbed/traits.h"
@@ -63,15 +64,6 @@ DeviceProblem make_problem(uint64_t seed, int heads, int page_size, const Batch&
   return d;
 }
 
-StatusOr<DeviceBuffer> upload(const void* src, std::size_t bytes, const char* name) {
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
-                       DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 256),
-                                              name, "test", false));
-  MLA_RETURN_IF_ERROR(
-      device_runtime(DeviceType::kCuda)->copy_to_device(buf.data(), src, bytes, nullptr));
-  return buf;
-}
-
 RefAttention reference_of(const DeviceProblem& d) {
   AbsorbedRefProblem rp;
   rp.num_heads = d.heads;
@@ -88,17 +80,7 @@ RefAttention reference_of(const DeviceProblem& d) {
   return reference_absorbed(rp, to_float(d.q), d.cache.stored);
 }
 
-class AbsorbedDevice : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device: device_count is 0";
-    const OpSet* set = OpRegistry::global().find("cuda");
-    ASSERT_NE(set, nullptr);
-    op_ = set->absorbed.get();
-    ASSERT_NE(op_, nullptr);
-  }
-  const AbsorbedAttentionOp* op_ = nullptr;
-};
+class AbsorbedDevice : public CudaAbsorbedTest {};
 
 // Outputs of one run: o as bf16 bits, lse as f32.
 struct Outputs {

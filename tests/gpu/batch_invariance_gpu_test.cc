@@ -18,6 +18,7 @@
 #include "conformance/compare.h"
 #include "conformance/conformance.h"
 #include "conformance/reference.h"
+#include "gpu/device_test_util.h"
 #include "mla/memory.h"
 #include "mla/ops.h"
 
@@ -36,15 +37,6 @@ struct Universe {
   std::vector<std::vector<bf16>> q;  // per request [q_len, H, 576]
   DeviceBuffer kv, r2t;
 };
-
-StatusOr<DeviceBuffer> upload(const void* src, std::size_t bytes, const char* name) {
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
-                       DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 256),
-                                              name, "test", false));
-  MLA_RETURN_IF_ERROR(
-      device_runtime(DeviceType::kCuda)->copy_to_device(buf.data(), src, bytes, nullptr));
-  return buf;
-}
 
 StatusOr<Universe> make_universe(int heads, int page, int max_q, uint64_t seed) {
   Universe u;
@@ -215,17 +207,7 @@ std::pair<int, int> count_changed(const AbsorbedAttentionOp* op, int heads, int 
   return {compared, changed};
 }
 
-class BatchInvarianceDevice : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device: device_count is 0";
-    const OpSet* set = OpRegistry::global().find("cuda");
-    ASSERT_NE(set, nullptr);
-    op_ = set->absorbed.get();
-    ASSERT_NE(op_, nullptr);
-  }
-  const AbsorbedAttentionOp* op_ = nullptr;
-};
+class BatchInvarianceDevice : public CudaAbsorbedTest {};
 
 TEST_F(BatchInvarianceDevice, RequestRowsAreBitwiseIndependentOfTheBatch) {
   for (int heads : {16, 64, 128}) {

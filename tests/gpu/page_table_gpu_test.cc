@@ -13,6 +13,7 @@
 
 #include "conformance/case_gen.h"
 #include "conformance/conformance.h"
+#include "gpu/device_test_util.h"
 #include "mla/memory.h"
 #include "mla/ops.h"
 
@@ -54,15 +55,6 @@ Problem make(uint64_t seed, int heads, int page, DType dtype, std::vector<int32_
     for (int j = 0; j < (p.kv_lens[b] + page - 1) / page; ++j) p.flat.push_back(row[j]);
   }
   return p;
-}
-
-StatusOr<DeviceBuffer> upload(const void* src, std::size_t bytes, const char* name) {
-  MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
-                       DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 256),
-                                              name, "test", false));
-  MLA_RETURN_IF_ERROR(
-      device_runtime(DeviceType::kCuda)->copy_to_device(buf.data(), src, bytes, nullptr));
-  return buf;
 }
 
 struct Outputs {
@@ -142,17 +134,7 @@ struct Outputs {
   return ::testing::AssertionSuccess();
 }
 
-class PageTableDevice : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device: device_count is 0";
-    const OpSet* set = OpRegistry::global().find("cuda");
-    ASSERT_NE(set, nullptr);
-    op_ = set->absorbed.get();
-    ASSERT_NE(op_, nullptr);
-  }
-  const AbsorbedAttentionOp* op_ = nullptr;
-};
+class PageTableDevice : public CudaAbsorbedTest {};
 
 TEST_F(PageTableDevice, BlockTableAndFlatListEqualReqToTokenBitwise) {
   for (int page : {1, 16, 32, 64, 128}) {
