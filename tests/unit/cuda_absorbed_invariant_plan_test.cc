@@ -28,6 +28,31 @@ struct Req {
   int32_t q_len = 1, kv_len = 1;
 };
 
+// The requests as the planner's input: request i at pool row i + 1; causal.
+struct ReqBatch {
+  explicit ReqBatch(const std::vector<Req>& reqs) {
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      rows.push_back(static_cast<int32_t>(i) + 1);
+      q_lens.push_back(reqs[i].q_len);
+      kv_lens.push_back(reqs[i].kv_len);
+      tokens += reqs[i].q_len;
+    }
+  }
+  // Views of this batch: it must outlive the problem.
+  AbsorbedProblem problem(int heads, int page) const {
+    AbsorbedProblem p;
+    p.num_heads = heads;
+    p.page_size = page;
+    p.causal = true;
+    p.req_rows = rows;
+    p.q_lens = q_lens;
+    p.kv_lens = kv_lens;
+    return p;
+  }
+  std::vector<int32_t> rows, q_lens, kv_lens;
+  int64_t tokens = 0;
+};
+
 // What the kernel computes for one request: per row tile (row_in_req, rows), its key ranges in
 // the order the combine merges them (by partial slot; -1 when the tile is not split).
 struct TileUnits {
@@ -45,21 +70,8 @@ struct Signature {
 // Plans `reqs` (request i at pool row i + 1) and returns the signature of request `target`.
 Signature plan_and_sign(const std::vector<Req>& reqs, int target, int heads, int page, int ctas,
                         bool invariant, std::string* error) {
-  std::vector<int32_t> rows, q_lens, kv_lens;
-  int64_t tokens = 0;
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    rows.push_back(static_cast<int32_t>(i) + 1);
-    q_lens.push_back(reqs[i].q_len);
-    kv_lens.push_back(reqs[i].kv_len);
-    tokens += reqs[i].q_len;
-  }
-  AbsorbedProblem p;
-  p.num_heads = heads;
-  p.page_size = page;
-  p.causal = true;
-  p.req_rows = rows;
-  p.q_lens = q_lens;
-  p.kv_lens = kv_lens;
+  const ReqBatch batch(reqs);
+  const AbsorbedProblem p = batch.problem(heads, page);
   AttnCapacity cap{64, 64 * 8, 0, 8, heads, invariant};
   std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
   auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
@@ -203,22 +215,9 @@ struct PlacedPlan {
 };
 
 PlacedPlan plan_batch(int heads, const std::vector<Req>& reqs, int ctas) {
-  std::vector<int32_t> rows, q_lens, kv_lens;
-  int64_t tokens = 0;
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    rows.push_back(static_cast<int32_t>(i) + 1);
-    q_lens.push_back(reqs[i].q_len);
-    kv_lens.push_back(reqs[i].kv_len);
-    tokens += reqs[i].q_len;
-  }
-  AbsorbedProblem p;
-  p.num_heads = heads;
-  p.page_size = 64;
-  p.causal = true;
-  p.req_rows = rows;
-  p.q_lens = q_lens;
-  p.kv_lens = kv_lens;
-  const AttnCapacity cap{static_cast<int>(reqs.size()), tokens, 0, 8, heads, true};
+  const ReqBatch batch(reqs);
+  const AbsorbedProblem p = batch.problem(heads, 64);
+  const AttnCapacity cap{static_cast<int>(reqs.size()), batch.tokens, 0, 8, heads, true};
   std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
   PlacedPlan out;
   auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
