@@ -1,6 +1,6 @@
-// `mla bench --device cuda|cpu [--json] [--quick] [--out FILE] [--cache-dtype bf16,fp8]`: timings
-// of the ops. --device cpu: the cpu OpSet over a decode and a prefill grid against the machine's
-// measured read bandwidth and FMA peak (bench_cpu.{h,cc}).
+// `mla bench --device cuda|cpu [--json] [--quick] [--out FILE] [--cache-dtype bf16,fp8]
+// [--pages 1,16,32,64,128]`: timings of the ops. --device cpu: the cpu OpSet over a decode and a
+// prefill grid against the machine's measured read bandwidth and FMA peak (bench_cpu.{h,cc}).
 // Decode (absorbed op) over the grid; prefill and extend rows come from cuda-prefill's
 // bench_prefill.{h,cc}. Timing follows docs PERF.md: CUDA events around every run, warm-up
 // first, median, q/o sets rotated, random normal/4 data (never zeros).
@@ -54,6 +54,7 @@ struct BenchOptions {
   std::string ops = "decode,prefill,extend";
   std::string cache_dtype = "bf16";  // decode: bf16, fp8 or bf16,fp8
   bool batch_invariant = false;      // decode: batch-invariant plans (BackendOptions)
+  std::vector<int> pages;            // decode: page sizes of the grid (empty: 1 and 64)
 };
 
 std::string utc_date() {
@@ -146,10 +147,11 @@ void add_fractions(nlohmann::json& row, const Ceilings& c) {
   row["ceiling_gemm_tflops"] = c.gemm_tflops;
 }
 
-std::vector<DecodeConfig> decode_grid(bool quick) {
+// The decode shapes; `pages` replaces the grid's page sizes (1 and 64) when not empty.
+std::vector<DecodeConfig> decode_grid(bool quick, const std::vector<int>& pages) {
   std::vector<DecodeConfig> g;
   if (quick) {
-    for (int page : {64, 1}) {
+    for (int page : pages.empty() ? std::vector<int>{64, 1} : pages) {
       g.push_back({128, 1, 128, 8192, page, false});
       g.push_back({128, 1, 16, 8192, page, false});
     }
@@ -161,7 +163,9 @@ std::vector<DecodeConfig> decode_grid(bool quick) {
   for (int s_k : {4096, 8192, 16384})
     for (int h_q : {16, 32, 64, 128})
       for (int s_q : {1, 2})
-        for (int page : {1, 64}) g.push_back({128, s_q, h_q, s_k, page, false});
+        for (int page : pages.empty() ? std::vector<int>{1, 64} : pages) {
+          g.push_back({128, s_q, h_q, s_k, page, false});
+        }
   g.push_back({64, 1, 128, 4096, 64, false});
   g.push_back({32, 1, 128, 32768, 64, false});
   g.push_back({256, 1, 128, 2048, 64, false});
@@ -288,7 +292,7 @@ Status run_decode_benches(const BenchOptions& opt, const BenchSink& sink,
     return invalid_argument("--cache-dtype {}: expected bf16, fp8 or bf16,fp8", opt.cache_dtype);
   }
   std::vector<DecodeConfig> grid;
-  for (DecodeConfig c : decode_grid(opt.quick)) {
+  for (DecodeConfig c : decode_grid(opt.quick, opt.pages)) {
     for (DType dt : dtypes) {
       c.cache_dtype = dt;
       grid.push_back(c);
@@ -481,6 +485,10 @@ CLI::App* add_bench_command(CLI::App& app, CommandRunner* runner) {
   sub->add_flag("--batch-invariant", opt->batch_invariant,
                 "Decode: plan batch-invariant splits (BackendOptions::batch_invariant); compare "
                 "with a run without it for the option's cost");
+  sub->add_option("--pages", opt->pages,
+                  "Decode: page sizes of the grid, e.g. 1,16,32,64,128 (default: 1 and 64)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({1, 16, 32, 64, 128}));
   sub->callback([runner, opt] { *runner = [opt] { return run_bench(*opt); }; });
   return sub;
 }
