@@ -77,22 +77,64 @@ __device__ __forceinline__ void cursor_seek(const WorkUnit* units, Cursor& c) {
   }
 }
 
-// Slots of the cursor's tile this thread loads: TMA (box_rows > 0), thread tw < 64 / box_rows:
-// the first slot of box tw; cp.async: the slots of rows tw / 8 + 16 j (j < 4). -1 past kv_end.
-__device__ __forceinline__ void fetch_slots(const AbsorbedParams& p, const PlanHeader& h,
-                                            const Cursor& c, int box_rows, int tw,
-                                            int32_t (&sl)[4]) {
+__device__ __forceinline__ void cursor_next(const WorkUnit* units, Cursor& c) {
+  ++c.t;
+  cursor_seek(units, c);
+}
+
+// The page-table entries (slots.cuh: load_entry) of the cursor's tile that this thread loads:
+// TMA (box_rows > 0), thread tw < 64 / box_rows: of the first key of box tw; cp.async: of rows
+// tw / 8 + 16 j (j < 4). Nothing here waits for the loads: resolve_slots uses them a tile later.
+__device__ __forceinline__ void fetch_entries(const SlotTable& st, const Cursor& c, int box_rows,
+                                              int tw, int32_t (&ent)[4]) {
   if (!c.valid()) return;
   const int key0 = c.kv_begin + c.t * kBlockN;
+  const int32_t* row = slot_row(st, c.pool_row);
   if (box_rows > 0) {
-    if (tw * box_rows < kBlockN) {
-      sl[0] = slot_of(p, c.pool_row, c.kv_end, key0 + box_rows * tw, h.page_size);
-    }
+    if (tw * box_rows < kBlockN) ent[0] = load_entry(st, row, c.kv_end, key0 + box_rows * tw);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ent[j] = load_entry(st, row, c.kv_end, key0 + (tw >> 3) + 16 * j);
+}
+
+// The slots of those rows (-1 past kv_end, kSlotOutside outside the cache) from their entries.
+__device__ __forceinline__ void resolve_slots(const SlotTable& st, const Cursor& c, int box_rows,
+                                              int tw, const int32_t (&ent)[4], int32_t (&sl)[4]) {
+  const int key0 = c.kv_begin + c.t * kBlockN;
+  if (box_rows > 0) {
+    if (tw * box_rows < kBlockN) sl[0] = resolve_slot(st, ent[0], c.kv_end, key0 + box_rows * tw);
     return;
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    sl[j] = slot_of(p, c.pool_row, c.kv_end, key0 + (tw >> 3) + 16 * j, h.page_size);
+    sl[j] = resolve_slot(st, ent[j], c.kv_end, key0 + (tw >> 3) + 16 * j);
+  }
+}
+
+// L2 prefetch of a tile (fp8 caches only: on the H200 it slowed the bf16 cache's decode by up
+// to 25%, 2026-12-03) from the slots of resolve_slots: TMA, the first thread
+// of each box prefetches the box's 9 column blocks through the tensor map; cp.async, the first
+// thread of each row group prefetches its 4 rows (576 bytes each for fp8, 1152 for bf16). Issued
+// one tile before the tile's load, so that load reads L2 instead of waiting for DRAM.
+template <bool kFp8>
+__device__ __forceinline__ void prefetch_tile(const AbsorbedParams& p, const Cursor& c,
+                                              int box_rows, int tw, const int32_t (&sl)[4]) {
+  if (!kFp8 || !c.valid()) return;
+  if (box_rows > 0) {
+    if (tw * box_rows < kBlockN && sl[0] >= 0) {
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) tma_prefetch_2d(p.kv_tmap, 64 * b, sl[0]);
+    }
+    return;
+  }
+  if ((tw & 7) != 0) return;
+  constexpr uint32_t kRowBytes = kDimQk * (kFp8 ? 1 : 2);
+  const unsigned char* base =
+      kFp8 ? p.kv_cache_fp8 : reinterpret_cast<const unsigned char*>(p.kv_cache);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (sl[j] >= 0) prefetch_l2_bulk(base + static_cast<int64_t>(sl[j]) * kRowBytes, kRowBytes);
   }
 }
 
@@ -162,29 +204,33 @@ __device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cur
   mbar_wait(full, parity);
   const int valid_rows = c.kv_end - (c.kv_begin + c.t * kBlockN);
   const int row = tw >> 1, half = tw & 1;  // 32 bytes of one row of a block per thread
-  const bool keep = row < valid_rows;
+  // Rows past kv_end convert zero bytes (fp8 0 is bf16 0): a mask on the raw words instead of
+  // a branch around each conversion.
+  const uint32_t keep = row < valid_rows ? 0xffffffffu : 0u;
   const unsigned char* raw = stage + kFp8RawOff + row * 64 + half * 32;
-  uint4 cur0 = *reinterpret_cast<const uint4*>(raw);
-  uint4 cur1 = *reinterpret_cast<const uint4*>(raw + 16);
+  const auto masked = [keep](uint4 v) {
+    return make_uint4(v.x & keep, v.y & keep, v.z & keep, v.w & keep);
+  };
+  uint4 cur0 = masked(*reinterpret_cast<const uint4*>(raw));
+  uint4 cur1 = masked(*reinterpret_cast<const uint4*>(raw + 16));
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
     bar_sync(kWg1, 128);  // every thread has read block b's raw bytes
     uint4 nxt0 = make_uint4(0, 0, 0, 0), nxt1 = make_uint4(0, 0, 0, 0);
     if (b + 1 < kBlocks) {
-      nxt0 = *reinterpret_cast<const uint4*>(raw + (b + 1) * kBlockBytes);
-      nxt1 = *reinterpret_cast<const uint4*>(raw + (b + 1) * kBlockBytes + 16);
+      nxt0 = masked(*reinterpret_cast<const uint4*>(raw + (b + 1) * kBlockBytes));
+      nxt1 = masked(*reinterpret_cast<const uint4*>(raw + (b + 1) * kBlockBytes + 16));
     }
-    const uint4 z = make_uint4(0, 0, 0, 0);
     unsigned char* dst = stage + b * kBlockBytes;
     const int c0 = 4 * half;
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 0)) =
-        keep ? fp8x8_to_bf16x8(make_uint2(cur0.x, cur0.y)) : z;
+        fp8x8_to_bf16x8(make_uint2(cur0.x, cur0.y));
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 1)) =
-        keep ? fp8x8_to_bf16x8(make_uint2(cur0.z, cur0.w)) : z;
+        fp8x8_to_bf16x8(make_uint2(cur0.z, cur0.w));
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 2)) =
-        keep ? fp8x8_to_bf16x8(make_uint2(cur1.x, cur1.y)) : z;
+        fp8x8_to_bf16x8(make_uint2(cur1.x, cur1.y));
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 3)) =
-        keep ? fp8x8_to_bf16x8(make_uint2(cur1.z, cur1.w)) : z;
+        fp8x8_to_bf16x8(make_uint2(cur1.z, cur1.w));
     cur0 = nxt0;
     cur1 = nxt1;
   }
@@ -241,10 +287,16 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
   }
   __syncthreads();
 
-  // Producer prologue: tiles 0 and 1 of the CTA, then the slots of tile 2.
+  // Producer prologue: tiles 0 and 1 of the CTA; then tile 2 (cur) is the next to load, its
+  // slots sl looked up and its rows prefetched into L2, and the slots sn of tile 3 (nx) are
+  // in flight. In the loop, loading tile g + 2 prefetches g + 3 (slots looked up one tile
+  // earlier, so the prefetch never waits for them) and looks up the slots of g + 4.
   Cursor cur{u_begin, u_end, 0, 0, 0, 0, 0};
-  Cursor cv = cur;  // fp8, warpgroup 1: the next tile to convert
-  int32_t sl[4] = {-1, -1, -1, -1};
+  Cursor cv = cur;                                     // fp8, warpgroup 1: the next tile to convert
+  Cursor nx = cur;                                     // the tile after cur
+  int32_t sl[4] = {-1, -1, -1, -1};                    // slots of the tile being loaded
+  int32_t el[4] = {0, 0, 0, 0}, en[4] = {0, 0, 0, 0};  // table entries of cur and nx
+  const SlotTable st = make_slot_table(p, h.page_size);
   if (wgi == 1) {
     if (tma && tw == 0) prefetch_tensormap(p.kv_tmap);
     if (cur.valid()) {
@@ -257,12 +309,19 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     }
     cv = cur;
     for (int i = 0; i < 2 && cur.valid(); ++i) {
-      fetch_slots(p, h, cur, box_rows, tw, sl);
+      fetch_entries(st, cur, box_rows, tw, el);
+      resolve_slots(st, cur, box_rows, tw, el, sl);
       issue_tile<kFp8>(p, cur, box_rows, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i);
-      ++cur.t;
-      cursor_seek(units, cur);
+      cursor_next(units, cur);
     }
-    fetch_slots(p, h, cur, box_rows, tw, sl);
+    fetch_entries(st, cur, box_rows, tw, el);
+    nx = cur;
+    if (nx.valid()) cursor_next(units, nx);
+    fetch_entries(st, nx, box_rows, tw, en);
+    if constexpr (kFp8) {
+      if (cur.valid()) resolve_slots(st, cur, box_rows, tw, el, sl);
+      prefetch_tile<kFp8>(p, cur, box_rows, tw, sl);
+    }
     if constexpr (kFp8) {  // tile 0 of the CTA
       if (cv.valid()) {
         convert_fp8_tile(smem + kKvOff, cv, full0, conv0, 0, tw);
@@ -384,15 +443,6 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         }
         wgmma_commit();
       } else {
-        if constexpr (kFp8) {  // tile g + 1 (issued one tile ago) into bf16 in its stage
-          if (cv.valid()) {
-            const int s1 = (g + 1) & 1;
-            convert_fp8_tile(smem + kKvOff + s1 * kTileBytes, cv, full0 + 8 * s1, conv0 + 8 * s1,
-                             ((g + 1) >> 1) & 1, tw);
-            ++cv.t;
-            cursor_seek(units, cv);
-          }
-        }
         mbar_wait(p_ready, g & 1);
         mbar_wait(kFp8 ? conv0 + 8 * s : full, parity);
         fence_proxy_async();
@@ -405,15 +455,31 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
                                 desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
         }
         wgmma_commit();
+        if constexpr (kFp8) {  // tile g + 1 (issued one tile ago) into bf16 in its stage
+          if (cv.valid()) {
+            const int s1 = (g + 1) & 1;
+            convert_fp8_tile(smem + kKvOff + s1 * kTileBytes, cv, full0 + 8 * s1, conv0 + 8 * s1,
+                             ((g + 1) >> 1) & 1, tw);
+            ++cv.t;
+            cursor_seek(units, cv);
+          }
+        }
         wgmma_wait<0>();
         fence_regs(o);
         mbar_arrive(p_free);            // P and the factors of tile g are read
         bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
         if (cur.valid()) {
+          resolve_slots(st, cur, box_rows, tw, el, sl);
           issue_tile<kFp8>(p, cur, box_rows, tw, sl, k_tile, full);
-          ++cur.t;
-          cursor_seek(units, cur);
-          fetch_slots(p, h, cur, box_rows, tw, sl);
+          cur = nx;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) el[j] = en[j];
+          if constexpr (kFp8) {
+            if (cur.valid()) resolve_slots(st, cur, box_rows, tw, el, sl);
+            prefetch_tile<kFp8>(p, cur, box_rows, tw, sl);
+          }
+          if (nx.valid()) cursor_next(units, nx);
+          fetch_entries(st, nx, box_rows, tw, en);
         }
       }
     }
