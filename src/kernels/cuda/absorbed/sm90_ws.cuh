@@ -112,32 +112,6 @@ __device__ __forceinline__ void resolve_slots(const SlotTable& st, const Cursor&
   }
 }
 
-// L2 prefetch of a tile (fp8 caches only: on the H200 it slowed the bf16 cache's decode by up
-// to 25%, 2026-12-03) from the slots of resolve_slots: TMA, the first thread
-// of each box prefetches the box's 9 column blocks through the tensor map; cp.async, the first
-// thread of each row group prefetches its 4 rows (576 bytes each for fp8, 1152 for bf16). Issued
-// one tile before the tile's load, so that load reads L2 instead of waiting for DRAM.
-template <bool kFp8>
-__device__ __forceinline__ void prefetch_tile(const AbsorbedParams& p, const Cursor& c,
-                                              int box_rows, int tw, const int32_t (&sl)[4]) {
-  if (!kFp8 || !c.valid()) return;
-  if (box_rows > 0) {
-    if (tw * box_rows < kBlockN && sl[0] >= 0) {
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) tma_prefetch_2d(p.kv_tmap, 64 * b, sl[0]);
-    }
-    return;
-  }
-  if ((tw & 7) != 0) return;
-  constexpr uint32_t kRowBytes = kDimQk * (kFp8 ? 1 : 2);
-  const unsigned char* base =
-      kFp8 ? p.kv_cache_fp8 : reinterpret_cast<const unsigned char*>(p.kv_cache);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (sl[j] >= 0) prefetch_l2_bulk(base + static_cast<int64_t>(sl[j]) * kRowBytes, kRowBytes);
-  }
-}
-
 // fp8: where the raw rows of a tile land inside its stage: the 64 bytes of column block b of
 // key row r at b * kBlockBytes + kFp8RawOff + 64 r (the upper half of bf16 block b, which the
 // conversion overwrites only after every thread has read that block).
@@ -287,10 +261,10 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
   }
   __syncthreads();
 
-  // Producer prologue: tiles 0 and 1 of the CTA; then tile 2 (cur) is the next to load, its
-  // slots sl looked up and its rows prefetched into L2, and the slots sn of tile 3 (nx) are
-  // in flight. In the loop, loading tile g + 2 prefetches g + 3 (slots looked up one tile
-  // earlier, so the prefetch never waits for them) and looks up the slots of g + 4.
+  // Producer prologue: tiles 0 and 1 of the CTA; then tile 2 (cur) is the next to load and the
+  // page-table entries of tiles 2 (el) and 3 (en, cursor nx) are in flight. In the loop, loading
+  // tile g + 2 resolves its slots from entries loaded two tiles earlier (no wait on a table
+  // load) and issues the entry loads of tile g + 4.
   Cursor cur{u_begin, u_end, 0, 0, 0, 0, 0};
   Cursor cv = cur;                                     // fp8, warpgroup 1: the next tile to convert
   Cursor nx = cur;                                     // the tile after cur
@@ -318,10 +292,6 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
     nx = cur;
     if (nx.valid()) cursor_next(units, nx);
     fetch_entries(st, nx, box_rows, tw, en);
-    if constexpr (kFp8) {
-      if (cur.valid()) resolve_slots(st, cur, box_rows, tw, el, sl);
-      prefetch_tile<kFp8>(p, cur, box_rows, tw, sl);
-    }
     if constexpr (kFp8) {  // tile 0 of the CTA
       if (cv.valid()) {
         convert_fp8_tile(smem + kKvOff, cv, full0, conv0, 0, tw);
@@ -474,10 +444,6 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
           cur = nx;
 #pragma unroll
           for (int j = 0; j < 4; ++j) el[j] = en[j];
-          if constexpr (kFp8) {
-            if (cur.valid()) resolve_slots(st, cur, box_rows, tw, el, sl);
-            prefetch_tile<kFp8>(p, cur, box_rows, tw, sl);
-          }
           if (nx.valid()) cursor_next(units, nx);
           fetch_entries(st, nx, box_rows, tw, en);
         }
