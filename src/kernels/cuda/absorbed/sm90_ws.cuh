@@ -16,10 +16,12 @@
 //     rows x 64 columns per tile; bf16: the 128-byte swizzle applied by the copy engine, a
 //     tile's rows past kv_end zeroed by warpgroup 0 after the copy), smaller pages by 16-byte
 //     cp.async of all 128 threads (zero fill past kv_end); both complete on the stage's
-//     mbarrier. Slots are looked up one tile before they are needed.
+//     mbarrier. The page-table entries of a tile are loaded two tiles before its load and
+//     resolved into slots when it is issued (slots.cuh), so no thread waits on a table load.
 //   fp8 cache: the raw rows land in the upper half of each column block of the stage, and
-//     warpgroup 1 converts tile t + 1 to bf16 in place (rows past kv_end as zeros) before it
-//     waits for tile t's P, completing on the mbarrier conv[s] that warpgroup 0 waits on.
+//     warpgroup 1 converts tile t + 1 to bf16 in place (rows past kv_end as zeros) while its
+//     P V of tile t runs on the tensor cores (between the wgmma commit and its wait),
+//     completing on the mbarrier conv[s] that warpgroup 0 waits on.
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
@@ -217,8 +219,8 @@ __device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cur
 // Inlined into its own kernel (absorbed_attention_sm90_kernel): a wgmma pipeline must not
 // cross a function call (ptxas C7510 serialises every wgmma then), and sharing a kernel with the
 // mma.sync variants spilled. kFp8: an fp8 e4m3 cache (p.kv_cache_fp8), each tile converted to
-// bf16 in its stage by warpgroup 1 (convert_fp8_tile) one tile ahead of its use, before that
-// warpgroup waits for the current tile's P; warpgroup 0 waits on conv[s] instead of full[s].
+// bf16 in its stage by warpgroup 1 (convert_fp8_tile) one tile ahead of its use, under that
+// warpgroup's P V of the current tile; warpgroup 0 waits on conv[s] instead of full[s].
 // k_scale is in p.scale_log2 (logits) and p.o_scale (output).
 template <bool kFp8>
 __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
