@@ -130,6 +130,7 @@ TEST(CliFlags, NumericFlagsRejectNonNumbersAndOverflowAsWritten) {
        "--max-batch-tokens"},
       {{"plan", "--mode", "bogus"}, "--mode"},
       {{"bench", "--ops", "decode,bogus"}, "--ops"},
+      {{"bench", "--pages", "1,3"}, "--pages"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
