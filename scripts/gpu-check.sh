@@ -136,6 +136,10 @@ if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
       (cd "$root/tests/python" && PYTHONPATH="$site" PYTHONUNBUFFERED=1 timeout "${GPU_PYTEST_TIMEOUT:-240}" \
         python3 -m pytest -q -p no:cacheprovider -rs ${GPU_PYTEST_ARGS:-})
       echo "pytest rc=$?"
+      # Host time of planning a batch-256 decode from Python (issue 9 item 8; a benchmark).
+      PYTHONPATH="$site" timeout 120 python3 "$root/bench/python/plan_bench.py" --device cuda \
+        --commit "$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)" > /tmp/python_plan.jsonl
+      echo "plan_bench rc=$?"; cat /tmp/python_plan.jsonl
     } > "$OUT/python.log" 2>&1
     summary+=("python     $(grep -E '^(pip|pytest) rc=' "$OUT/python.log" | tr '\n' ' ')$(grep -E '(passed|failed|error)' "$OUT/python.log" | tail -n 1)")
   fi
