@@ -46,15 +46,15 @@ __device__ __forceinline__ SlotTable make_slot_table(const AbsorbedParams& p, in
   return t;
 }
 
-// Row pool_row of the table (looked up once per unit, not per key).
+// Row pool_row of the table (computed once per tile, not per key).
 __device__ __forceinline__ const int32_t* slot_row(const SlotTable& t, int pool_row) {
   return t.table + static_cast<int64_t>(pool_row) * t.row_stride;
 }
 
 // A lookup in two steps, so that no instruction waits for a table load where it is issued:
 // load_entry reads the table entry of `key` (a page id, a page's first slot or, at page 1, the
-// slot), one tile before the tile is loaded; resolve_slot turns it into the slot when the tile is
-// loaded. (Bounding the slot right after its load made each producer thread wait for its four
+// slot), two tiles before the tile is loaded; resolve_slot turns it into the slot when the tile
+// is loaded. (Bounding the slot right after its load made each producer thread wait for its four
 // loads one after another, every tile: page 1, 16 and 32 ran 1.4x slower than page 64 on the
 // H200, 2026-12-03.) Keys at or past kv_end read the row's first entry, which is never used.
 __device__ __forceinline__ int32_t load_entry(const SlotTable& t, const int32_t* row, int kv_end,
