@@ -86,7 +86,7 @@ __device__ __forceinline__ void cursor_next(const WorkUnit* units, Cursor& c) {
 
 // The page-table entries (slots.cuh: load_entry) of the cursor's tile that this thread loads:
 // TMA (box_rows > 0), thread tw < 64 / box_rows: of the first key of box tw; cp.async: of rows
-// tw / 8 + 16 j (j < 4). Nothing here waits for the loads: resolve_slots uses them a tile later.
+// tw / 8 + 16 j (j < 4). Nothing here waits for the loads: resolve_slots uses them two tiles later.
 __device__ __forceinline__ void fetch_entries(const SlotTable& st, const Cursor& c, int box_rows,
                                               int tw, int32_t (&ent)[4]) {
   if (!c.valid()) return;
