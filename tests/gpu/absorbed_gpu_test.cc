@@ -191,6 +191,39 @@ TEST_F(AbsorbedDevice, SplitScheduleFp8MatchesReference) {
   }
 }
 
+// The kernel reads an fp8 tile as bf16 values times 2^-120 (subnormal e4m3 codes become subnormal
+// bf16) and folds 2^120 into the logit scale and P: stored values across the e4m3 range, mostly
+// subnormal (k_scale 16: |value / k_scale| mostly below 2^-6) and up to a few hundred (k_scale
+// 1/128), on both load paths and both tile shapes.
+TEST_F(AbsorbedDevice, Fp8ValueRangeMatchesReference) {
+  for (const float k_scale : {16.0f, 1.0f / 128}) {
+    for (int page : {1, 64}) {
+      check_split_schedule(op_, 16, page, DType::kFP8E4M3, k_scale,
+                           mix_seed(base_seed(), 4000 + page), {1, 1, 1});
+      check_split_schedule(op_, 128, page, DType::kFP8E4M3, k_scale,
+                           mix_seed(base_seed(), 5000 + page));
+    }
+  }
+}
+
+// sm_scale * k_scale beyond what the fp8 kernel's float logit scale holds (2^120 folded in) is
+// rejected by name before anything runs.
+TEST_F(AbsorbedDevice, Fp8KScaleBeyondTheLogitScaleIsRejected) {
+  Batch b{{}, {1, 1}, {100, 37}};
+  DeviceProblem d = make_problem(mix_seed(base_seed(), 6000), 16, 16, b, DType::kFP8E4M3, 2000.f);
+  AttnCapacity cap{2, 2, 0, 1, 16};
+  std::vector<std::byte> plan(op_->plan_bytes(cap));
+  AbsorbedProblem p{16, 16, true, d.batch.rows, d.batch.q_lens, d.batch.kv_lens};
+  ASSERT_TRUE(op_->plan(p, cap, plan).ok());
+  std::vector<bf16> o_h;
+  std::vector<float> lse_h;
+  const ::testing::AssertionResult r = run_on_device(op_, d, cap, plan, &o_h, &lse_h);
+  ASSERT_FALSE(r) << "k_scale 2000 with sm_scale 0.135 was accepted";
+  EXPECT_NE(std::string(r.message()).find("k_scale"), std::string::npos) << r.message();
+  EXPECT_NE(std::string(r.message()).find("too large for an fp8 cache"), std::string::npos)
+      << r.message();
+}
+
 // A bf16 cache ignores k_scale (SYSTEM.md 7): the result equals the reference without it.
 TEST_F(AbsorbedDevice, Bf16IgnoresKScale) {
   check_split_schedule(op_, 32, 16, DType::kBF16, 3.5f, mix_seed(base_seed(), 555));

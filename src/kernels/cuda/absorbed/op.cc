@@ -102,7 +102,14 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     p.partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) +
                                              (o_bytes + 255) / 256 * 256);
     p.plan = static_cast<const unsigned char*>(a.plan);
-    p.scale_log2 = a.sm_scale * 1.4426950408889634f * (fp8 ? a.k_scale : 1.f);
+    // fp8: the kernel's bf16 tiles hold the cache's values times 2^-120 (ptx.cuh,
+    // fp8x8_to_bf16x8_scaled), so the logits' scale carries 2^120 back.
+    p.scale_log2 = fp8 ? a.sm_scale * 1.4426950408889634f * a.k_scale * 0x1p120f
+                       : a.sm_scale * 1.4426950408889634f;
+    MLA_CHECK_ARG(!fp8 || std::isfinite(p.scale_log2),
+                  "sm_scale * k_scale = {} is too large for an fp8 cache on cuda (at most 177: "
+                  "the kernel's logit scale sm_scale * k_scale * log2(e) * 2^120 is a float)",
+                  a.sm_scale * a.k_scale);
     p.o_scale = fp8 ? a.k_scale : 1.f;
     p.kernel = static_cast<int32_t>(choice.kernel);
     p.num_heads = static_cast<int32_t>(heads);

@@ -75,11 +75,12 @@ struct AbsorbedParams {
   float* partial_o;             // f32 [max_partials, 64, 512] (workspace)
   float* partial_lse;           // f32 [max_partials, 64] (workspace)
   const unsigned char* plan;    // device copy of the plan bytes
-  float scale_log2;             // sm_scale * log2(e) (* k_scale for fp8): base-2 logits
+  float scale_log2;             // sm_scale * log2(e) (* k_scale * 2^120 for fp8): base-2 logits
   int32_t kernel;               // AbsorbedKernel chosen by choose_kernel (choose.h)
   int32_t num_heads;            // H
   // fp8 e4m3 cache (kv_cache unused): rows of 576 bytes. The kernel converts the stored values
-  // to bf16 exactly; k_scale is folded into scale_log2 (logits) and o_scale (o = P @ V).
+  // to bf16 exactly, times 2^-120; k_scale and 2^120 are folded into scale_log2 (logits), 2^120
+  // into P and k_scale into o_scale (o = P @ V).
   const unsigned char* kv_cache_fp8;  // fp8 [num_slots, 576], or null for a bf16 cache
   float o_scale;                      // k_scale for fp8, 1 for bf16
   // TMA tensor map (CUtensorMap) over the cache, boxes of kTmaBoxRows key rows x 64 columns

@@ -174,6 +174,9 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
 // 128 threads of warpgroup 1 (tw) convert it to the bf16 wgmma layout in place, block by block
 // (each block's raw bytes are read into registers before a warpgroup barrier, then written as
 // bf16), rows at or past kv_end as zeros; then fence for the tensor cores and arrive on `conv`.
+// The bf16 values are the cache's times 2^-120 (fp8x8_to_bf16x8_scaled: three integer
+// instructions per two values); the logits get 2^120 back through p.scale_log2 and P V through
+// P, which warpgroup 0 stores times 2^120 (so O and the row sums are those of a bf16 cache).
 __device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cursor& c,
                                                  uint32_t full, uint32_t conv, uint32_t parity,
                                                  int tw) {
@@ -200,13 +203,13 @@ __device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cur
     unsigned char* dst = stage + b * kBlockBytes;
     const int c0 = 4 * half;
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 0)) =
-        fp8x8_to_bf16x8(make_uint2(cur0.x, cur0.y));
+        fp8x8_to_bf16x8_scaled(make_uint2(cur0.x, cur0.y));
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 1)) =
-        fp8x8_to_bf16x8(make_uint2(cur0.z, cur0.w));
+        fp8x8_to_bf16x8_scaled(make_uint2(cur0.z, cur0.w));
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 2)) =
-        fp8x8_to_bf16x8(make_uint2(cur1.x, cur1.y));
+        fp8x8_to_bf16x8_scaled(make_uint2(cur1.x, cur1.y));
     *reinterpret_cast<uint4*>(dst + sw128_offset(row, c0 + 3)) =
-        fp8x8_to_bf16x8(make_uint2(cur1.z, cur1.w));
+        fp8x8_to_bf16x8_scaled(make_uint2(cur1.z, cur1.w));
     cur0 = nxt0;
     cur1 = nxt1;
   }
@@ -221,7 +224,7 @@ __device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cur
 // mma.sync variants spilled. kFp8: an fp8 e4m3 cache (p.kv_cache_fp8), each tile converted to
 // bf16 in its stage by warpgroup 1 (convert_fp8_tile) one tile ahead of its use, under that
 // warpgroup's P V of the current tile; warpgroup 0 waits on conv[s] instead of full[s].
-// k_scale is in p.scale_log2 (logits) and p.o_scale (output).
+// k_scale is in p.scale_log2 (logits, with the conversion's 2^120) and p.o_scale (output).
 template <bool kFp8>
 __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
   using namespace ws;
@@ -390,6 +393,12 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
           pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(pr.x, pr.y);
           pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(pr.z, pr.w);
         }
+        if constexpr (kFp8) {  // P times 2^120 against the tile's values times 2^-120
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) pa[j][i] = bf16x2_times_2p120(pa[j][i]);
+        }
         if (g > 0) mbar_wait(p_free, (g - 1) & 1);  // warpgroup 1 is done with P / factors of g - 1
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -427,6 +436,9 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
                                 desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
         }
         wgmma_commit();
+        // The slots of tile g + 2 from its entries (loaded two tiles ago) while the P V runs, so
+        // the stage-free barrier is followed by the loads alone.
+        if (cur.valid()) resolve_slots(st, cur, box_rows, tw, el, sl);
         if constexpr (kFp8) {  // tile g + 1 (issued one tile ago) into bf16 in its stage
           if (cv.valid()) {
             const int s1 = (g + 1) & 1;
@@ -441,7 +453,6 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         mbar_arrive(p_free);            // P and the factors of tile g are read
         bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
         if (cur.valid()) {
-          resolve_slots(st, cur, box_rows, tw, el, sl);
           issue_tile<kFp8>(p, cur, box_rows, tw, sl, k_tile, full);
           cur = nx;
 #pragma unroll

@@ -3,12 +3,10 @@
 // call these and carry no inline PTX of their own.
 //   cp.async: 16-byte copies global -> shared with zero fill, groups, waits;
 //   ldmatrix / mma.sync m16n8k16 (bf16 in, fp32 accumulate);
-//   conversions: two floats -> bf16x2, two fp8 e4m3 -> bf16x2 (exact), exp2 (ftz).
+//   conversions: two floats -> bf16x2, eight fp8 e4m3 -> bf16 x 2^-120 (exact), exp2 (ftz).
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -54,29 +52,36 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Two e4m3 values (low byte first) -> two bf16, exact. One conversion instruction (e4m3x2 ->
-// f16x2, exact); f16 values from e4m3 are normal or zero, so shifting exponent and mantissa right
-// by 3 is the bf16 pattern of value * 2^-112 (biases 15 vs 127; the dropped mantissa bits are
-// zero), still normal; one bf16x2 multiply by 2^112 restores the value. Avoids the f16 -> f32 ->
-// bf16 conversions, which run at a quarter of the integer/FMA rate.
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
-  const __half2_raw hr =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  const uint32_t w = static_cast<uint32_t>(hr.x) | (static_cast<uint32_t>(hr.y) << 16);
-  const uint32_t b = ((w >> 3) & 0x0fff0fffu) | (w & 0x80008000u);
-  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&b);
-  v = __hmul2(v, __nv_bfloat162(__float2bfloat16_rn(0x1p112f), __float2bfloat16_rn(0x1p112f)));
-  return *reinterpret_cast<uint32_t*>(&v);
+// Eight e4m3 values (a uint2, low byte first) -> eight bf16 (a uint4) holding each value times
+// 2^-120 (kFp8Bf16Exp2), exact for every finite e4m3 code. The e4m3 bits (sign, 4 exponent, 3
+// mantissa bits, bias 7) placed in a bf16 (sign, 8, 7, bias 127) with the exponent at bits 10..7
+// and the mantissa at bits 6..4 read as the value times 2^(7 - 127); an e4m3 subnormal lands on
+// a bf16 subnormal with the same factor. Per two values: one byte permute that sign-extends
+// each byte to 16 bits, then a shift and a mask (the sign stays at bit 15, bits 14..11 cleared):
+// three integer instructions, no multiply (the caller folds 2^120 into its fp32 scales). The two
+// NaN codes 0x7f / 0xff read as +-480 * 2^-120.
+inline constexpr int kFp8Bf16Exp2 = -120;
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(d) : "r"(a), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint4 fp8x8_to_bf16x8_scaled(uint2 raw) {
+  // Selector nibbles 8 + i replicate the sign of byte i: 0x9180 -> [sign b1, b1, sign b0, b0].
+  uint4 v;
+  v.x = (prmt(raw.x, 0x9180u) << 4) & 0x87f087f0u;
+  v.y = (prmt(raw.x, 0xb3a2u) << 4) & 0x87f087f0u;
+  v.z = (prmt(raw.y, 0x9180u) << 4) & 0x87f087f0u;
+  v.w = (prmt(raw.y, 0xb3a2u) << 4) & 0x87f087f0u;
+  return v;
 }
 
-// Eight e4m3 values (a uint2, low byte first) -> eight bf16 (a uint4), exact.
-__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 raw) {
-  uint4 v;
-  v.x = fp8x2_to_bf16x2(raw.x & 0xffffu);
-  v.y = fp8x2_to_bf16x2(raw.x >> 16);
-  v.z = fp8x2_to_bf16x2(raw.y & 0xffffu);
-  v.w = fp8x2_to_bf16x2(raw.y >> 16);
-  return v;
+// Two bf16 (a bf16x2) times 2^120, exact for every finite bf16 whose product is finite (the
+// probabilities P of an fp8 tile: in [0, 1]).
+__device__ __forceinline__ uint32_t bf16x2_times_2p120(uint32_t two) {
+  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&two);
+  v = __hmul2(v, __nv_bfloat162(__float2bfloat16_rn(0x1p120f), __float2bfloat16_rn(0x1p120f)));
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // 2^x, flushing denormal results to zero (one MUFU.EX2).
