@@ -1,31 +1,14 @@
-// Soak: 10,000 requests of a long seeded workload through the serving loop that `mla run`
-// drives (tools/mla: the workload generator, the scheduler with chunked prefill, mixed batches,
-// prefix sharing and speculative verify/draft-extend, CUDA-graph capture and replay of decode
-// and verify on the target), on a cpu pool and paged_mla / chunked_mla backends, with sampled
-// reference checks of the layer output. At the end:
-//   - every KV page is free again (zero leaked pages) and every request row can be allocated;
-//   - once the pool, the backends and the layers are gone, the ledger is back at its baseline;
-//   - the heap in use did not grow after warm-up (live heap bytes: the sanitizer allocator's
-//     count under ASan, glibc's mallinfo2 otherwise), nor (asserted under ASan) resident memory.
-// Under ASan (Debug, -O0) the layers' attention runs on one step in kLayerEvery (32) so that the
-// soak stays within a few minutes of CI; planning, the KV cache writes, the pool and the
-// scheduler run every step either way.
+// Soak on the cpu (soak_driver.h says what runs and what must hold at the end): a cpu pool with
+// paged_mla and chunked_mla backends. Under ASan (Debug, -O0) the layers' attention runs on one
+// step in 32 so that the soak stays within a few minutes of CI; planning, the KV cache writes,
+// the pool and the scheduler run every step either way. The cuda run is
+// tests/gpu/soak_gpu_test.cc.
 #include <gtest/gtest.h>
-#include <malloc.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <map>
-#include <set>
 
-#include "mla/backend.h"
-#include "mla/kv_pool.h"
-#include "mla/model.h"
 #include "mla/workspace.h"
-#include "sim/run_layer.h"
-#include "sim/sim_scheduler.h"
-#include "sim/sim_workload.h"
+#include "soak/soak_driver.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MLA_SOAK_ASAN 1
@@ -35,224 +18,23 @@
 #endif
 #endif
 #ifdef MLA_SOAK_ASAN
-// From the sanitizer runtime (sanitizer/allocator_interface.h, which gcc does not install).
-extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
 // ASan keeps freed blocks in a quarantine (256 MiB by default) that fills during the run, which
 // made resident memory grow after warm-up; a 32 MiB quarantine fills within the warm-up, so the
 // resident size measures the process again (ASAN_OPTIONS in the environment still wins).
 extern "C" const char* __asan_default_options() { return "quarantine_size_mb=32"; }
 #endif
 
-namespace mla {
+namespace mla::testing {
 namespace {
 
-// Layers on one step in kLayerEvery (the KV cache is written on every step); a reference check
-// on one layer step in kCheckEvery (about 20 checks over the 2,868 steps either way).
-// The reference of one check costs at most kCheckBudget multiply-adds (rows, then heads sampled).
+// About 20 reference checks over the 2,868 steps either way.
 #ifdef MLA_SOAK_ASAN
-constexpr int kLayerEvery = 32;
-constexpr int kCheckEvery = 4;
-constexpr double kCheckBudget = 3e7;
+constexpr SoakConfig kConfig{32, 4, 3e7};
+constexpr bool kCheckRss = true;  // resident memory measured under ASan only; Release prints it
 #else
-constexpr int kLayerEvery = 1;
-constexpr int kCheckEvery = 128;
-constexpr double kCheckBudget = 2e8;
+constexpr SoakConfig kConfig{1, 128, 2e8};
+constexpr bool kCheckRss = false;
 #endif
-
-std::size_t heap_in_use() {
-#ifdef MLA_SOAK_ASAN
-  return __sanitizer_get_current_allocated_bytes();
-#else
-  const struct mallinfo2 mi = mallinfo2();
-  return mi.uordblks + mi.hblkhd;
-#endif
-}
-
-std::size_t resident_bytes() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<std::size_t>(resident) * 4096;
-}
-
-struct LedgerState {
-  std::size_t records = 0, bytes = 0;
-  bool operator==(const LedgerState&) const = default;
-};
-LedgerState ledger_state() {
-  LedgerState s;
-  for (const auto& r : MemoryLedger::global().snapshot()) {
-    ++s.records;
-    s.bytes += r.bytes;
-  }
-  return s;
-}
-
-int graph_bucket(int bs, int max_bs) {
-  int b = 1;
-  while (b < bs && b < 8) b *= 2;
-  if (bs > 8) b = (bs + 7) / 8 * 8;
-  return std::min(b, max_bs);
-}
-
-struct SoakResult {
-  int64_t requests = 0, steps = 0, layer_steps = 0, checks = 0;
-  double max_rel_err = 0;
-  int64_t leaked_pages = -1;
-  int free_rows = 0;
-  std::vector<std::size_t> heap, rss;  // sampled every kSampleEvery steps
-  std::map<std::string, int64_t> batches;
-  std::set<std::string> check_modes;  // batch modes a reference check ran on
-  int64_t graph_replays = 0, prefix_hits = 0, drafts = 0;
-};
-
-// The serving loop of lib/sim/run_driver.cc, with the layers on every kLayerEvery-th step.
-void soak(const std::string& backend_name, int num_requests, SoakResult* out) {
-  constexpr int kLayers = 1, kSpec = 2, kSampleEvery = 25;
-  auto model = model_preset("deepseek-v3-tp8");  // 16 heads
-  ASSERT_TRUE(model.ok());
-  sim::WorkloadConfig w;
-  w.num_requests = num_requests;
-  w.seed = 13;
-  w.arrival_rate = 4.0;
-  w.initial_burst = 32;
-  w.prompt_median = 12;
-  w.prompt_sigma = 0.6;
-  w.prompt_min = 2;
-  w.prompt_max = 96;
-  w.prefix_hit_prob = 0.4;
-  w.prefix_groups = 6;
-  w.prefix_len_min = 16;
-  w.prefix_len_max = 48;
-  w.output_median = 3;
-  w.output_sigma = 0.5;
-  w.output_min = 1;
-  w.output_max = 8;
-  auto requests = sim::generate_workload(w);
-  ASSERT_TRUE(requests.ok()) << requests.status().to_string();
-  sim::SchedulerConfig sc;
-  sc.max_running_requests = 48;
-  sc.max_batch_tokens = 256;
-  sc.speculative_tokens = kSpec;
-  sc.max_prefix_entries = 4;
-  sc.seed = 5;
-
-  KvPoolConfig pc;
-  pc.num_layers = kLayers + 1;  // the draft model's layer is the last one
-  pc.page_size = 16;
-  pc.num_pages = 640;
-  pc.max_requests = sc.pool_rows();
-  pc.max_context_len = 512;
-  auto pool = LatentKvPool::create(pc);
-  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
-  auto sched = sim::Scheduler::create(pool->get(), sc, *requests);
-  ASSERT_TRUE(sched.ok()) << sched.status().to_string();
-
-  BackendContext ctx;
-  ctx.pool = pool->get();
-  ctx.options.model = *model;
-  ctx.options.max_batch = sc.max_running_requests;
-  ctx.options.max_q_len = kSpec;
-  ctx.options.paged_workspace_bytes = 16u << 20;
-  ctx.options.chunked_workspace_bytes = 16u << 20;
-  ctx.options.chunked_prefix_capacity = 64;  // prefixes go through several chunks
-  ctx.options.mha_prefix_threshold = 64;
-  auto target = BackendRegistry::global().create(backend_name, ctx);
-  auto draft = BackendRegistry::global().create(backend_name, ctx);
-  ASSERT_TRUE(target.ok() && draft.ok()) << target.status().to_string();
-  const int64_t max_graph_tokens = int64_t{sc.max_running_requests} * kSpec;
-  ASSERT_TRUE((*target)->init_cuda_graph_state(sc.max_running_requests, max_graph_tokens).ok());
-  auto layer = cli::SimLayer::create(*model, Device::cpu(), pc.num_layers, (*pool)->num_slots(),
-                                     std::max<int64_t>(sc.max_batch_tokens, max_graph_tokens), 99);
-  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
-  std::set<int> captured;
-
-  while (!(*sched)->done()) {
-    auto step = (*sched)->next_step();
-    ASSERT_TRUE(step.ok()) << step.status().to_string();
-    const ForwardBatch& batch = step->batch;
-    const bool on_draft = batch.mode == ForwardMode::kDraftExtend;
-    const bool run_layers = step->index % kLayerEvery == 0;
-    // The reference samples rows (then heads) to stay within its budget: a check is never skipped.
-    // Steps without the layers still write the KV cache (SimLayer::write_kv): a check reads every
-    // slot its batch attends to, prefixes written many steps earlier included.
-    const bool check = run_layers && step->index % (kCheckEvery * kLayerEvery) == 0;
-    auto plan_and_run = [&](AttentionBackend& be, int layer_index, bool graphs) {
-      int64_t rows = batch.num_tokens();
-      const bool graph = graphs && (batch.mode == ForwardMode::kDecode ||
-                                    batch.mode == ForwardMode::kTargetVerify);
-      if (graph) {
-        const int padded = graph_bucket(batch.batch_size, sc.max_running_requests);
-        const int q = batch.mode == ForwardMode::kTargetVerify ? batch.num_draft_tokens : 1;
-        if (captured.insert(padded * 2 + (q > 1)).second) {
-          ForwardBatch pb;
-          pb.mode = batch.mode;
-          pb.batch_size = padded;
-          pb.num_draft_tokens = batch.num_draft_tokens;
-          pb.req_pool_indices.assign(padded, 0);
-          pb.seq_lens.assign(padded, be.cuda_graph_seq_len_fill_value());
-          pb.out_cache_loc.assign(static_cast<std::size_t>(padded) * q, 0);
-          finalize_batch(pb);
-          ASSERT_TRUE(be.init_forward_metadata_capture_cuda_graph(pb).ok());
-        }
-        const Status s = be.init_forward_metadata_replay_cuda_graph(batch, padded);
-        ASSERT_TRUE(s.ok()) << s.to_string();
-        rows = int64_t{padded} * q;
-        ++out->graph_replays;
-      } else {
-        const Status s = plan_batch(be, batch);
-        ASSERT_TRUE(s.ok()) << s.to_string();
-      }
-      if (!run_layers) {
-        const Status s = (*layer)->write_kv(be, batch, layer_index, rows);
-        ASSERT_TRUE(s.ok()) << s.to_string();
-        return;
-      }
-      const Status s = (*layer)->forward(be, batch, layer_index, rows);
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      if (check) {
-        auto err = (*layer)->check(be, batch, layer_index, kCheckBudget);
-        ASSERT_TRUE(err.ok()) << err.status().to_string();
-        EXPECT_LE(err->max_rel_err, 1e-2) << "step " << step->index;
-        EXPECT_EQ(err->kv_mismatches, 0) << "step " << step->index << ": " << err->kv_error;
-        out->max_rel_err = std::max(out->max_rel_err, err->max_rel_err);
-        ++out->checks;
-        out->check_modes.insert(std::string(forward_mode_name(batch.mode)));
-      }
-    };
-    if (on_draft) {
-      plan_and_run(**draft, kLayers, false);
-    } else {
-      plan_and_run(**target, 0, true);
-      if (batch.mode == ForwardMode::kExtend) plan_and_run(**draft, kLayers, false);
-    }
-    if (::testing::Test::HasFatalFailure()) return;
-    out->layer_steps += run_layers ? 1 : 0;
-    ++out->batches[std::string(forward_mode_name(batch.mode))];
-    const Status s = (*sched)->complete_step(*step);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    if (step->index % kSampleEvery == 0) {
-      out->heap.push_back(heap_in_use());
-      out->rss.push_back(resident_bytes());
-    }
-  }
-  out->steps = (*sched)->stats().steps;
-  out->requests = (*sched)->stats().finished;
-  out->prefix_hits = (*sched)->stats().prefix_hits;
-  out->drafts = (*sched)->stats().drafts_proposed;
-  ASSERT_TRUE((*sched)->release_all().ok());
-  out->leaked_pages = pc.num_pages - (*pool)->free_pages();
-  std::vector<int> rows;
-  while (true) {
-    auto r = (*pool)->alloc_request();
-    if (!r.ok()) break;
-    rows.push_back(*r);
-  }
-  out->free_rows = static_cast<int>(rows.size());
-  for (int r : rows) ASSERT_TRUE((*pool)->free_request(r).ok());
-}
 
 class Soak : public ::testing::TestWithParam<std::string> {};
 
@@ -261,49 +43,13 @@ TEST_P(Soak, TenThousandRequestsLeakNothing) {
   const LedgerState baseline = ledger_state();
   const auto t0 = std::chrono::steady_clock::now();
   SoakResult r;
-  soak(GetParam(), 10000, &r);
+  soak(GetParam(), Device::cpu(), 10000, kConfig, &r);
   if (HasFatalFailure()) return;
   WorkspaceRegistry::global().release_all_for_testing();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  EXPECT_EQ(r.requests, 10000);
-  EXPECT_EQ(r.leaked_pages, 0) << "pages still held after every request finished";
-  EXPECT_EQ(r.free_rows, 48 + 4) << "request rows still held";
   EXPECT_EQ(ledger_state(), baseline) << "ledger not back at its baseline";
-  EXPECT_GT(r.graph_replays, 0);
-  EXPECT_GT(r.prefix_hits, 0);
-  EXPECT_GT(r.drafts, 0);
-  EXPECT_GE(r.checks, 15) << "sampled reference checks";
-  EXPECT_GE(r.check_modes.size(), 2u) << "checks ran on one batch mode only";
-  // Warm-up: the first fifth of the run (buffers grow to the largest batch, graphs captured).
-  ASSERT_GE(r.heap.size(), 10u);
-  const std::size_t warm = r.heap.size() / 5;
-  const std::size_t warm_heap = *std::max_element(r.heap.begin(), r.heap.begin() + warm);
-  const std::size_t late_heap = *std::max_element(r.heap.begin() + warm, r.heap.end());
-  const std::size_t warm_rss = *std::max_element(r.rss.begin(), r.rss.begin() + warm);
-  const std::size_t late_rss = *std::max_element(r.rss.begin() + warm, r.rss.end());
-  EXPECT_LE(late_heap, warm_heap + (1u << 20))
-      << "heap in use grew after warm-up: " << warm_heap << " -> " << late_heap << " bytes";
-#ifdef MLA_SOAK_ASAN
-  // Resident memory too (measured under ASan only; the Release run prints it).
-  EXPECT_LE(late_rss, warm_rss + (16u << 20))
-      << "resident memory grew after warm-up: " << warm_rss << " -> " << late_rss << " bytes";
-#endif
-  std::string modes;
-  for (const auto& [m, n] : r.batches) modes += fmt::format(" {} {}", m, n);
-  modes += "; checked:";
-  for (const auto& m : r.check_modes) modes += " " + m;
-  std::printf(
-      "soak %s: %lld requests, %lld steps (layers on %lld), %lld checks (max rel err %.2e), "
-      "%lld graph replays, %lld prefix hits;%s; heap in use warm %.1f MiB, after %.1f MiB; "
-      "resident warm %.1f MiB, after %.1f MiB; leaked pages %lld; %.1f s\n",
-      GetParam().c_str(), static_cast<long long>(r.requests), static_cast<long long>(r.steps),
-      static_cast<long long>(r.layer_steps), static_cast<long long>(r.checks), r.max_rel_err,
-      static_cast<long long>(r.graph_replays), static_cast<long long>(r.prefix_hits), modes.c_str(),
-      warm_heap / 1048576.0, late_heap / 1048576.0, warm_rss / 1048576.0, late_rss / 1048576.0,
-      static_cast<long long>(r.leaked_pages), secs);
+  expect_soak_clean(GetParam(), r, 10000, kCheckRss, secs);
   RecordProperty("steps", static_cast<int>(r.steps));
-  RecordProperty("late_heap_bytes", static_cast<int>(late_heap));
 }
 
 // Under ASan (CI's asan-ubsan step, a few minutes) chunked_mla only: its path has the most
@@ -315,4 +61,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, Soak, ::testing::Values("paged_mla", "chunked
 #endif
 
 }  // namespace
-}  // namespace mla
+}  // namespace mla::testing
