@@ -32,14 +32,26 @@ StatusOr<DeviceBuffer> random_buffer(int64_t elems, uint64_t seed, cudaStream_t 
   return b;
 }
 
-// b requests of s_q queries on s_k keys each; causal (s_q == s_k then) or not (a prefix chunk).
-Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, cudaStream_t stream,
-                 const BenchSink& sink) {
+// Requests of q_lens[i] queries on kv_lens[i] keys; causal (q_lens == kv_lens then) or not (a
+// prefix chunk). Equal lengths: the row's b, s_q, s_k; ragged: b, the mean s_q and s_k, varlen.
+Status bench_mha(const std::vector<int>& q_lens, const std::vector<int>& kv_lens, bool causal,
+                 int iters, cudaStream_t stream, const BenchSink& sink) {
   const OpSet* set = OpRegistry::global().find("cuda");
   if (set == nullptr || !set->mha) return unsupported("no cuda mha op registered");
   const MhaAttentionOp& op = *set->mha;
-  const int64_t t = int64_t{b} * s_q;
-  const int64_t tk = int64_t{b} * s_k;
+  const int b = static_cast<int>(q_lens.size());
+  std::vector<int32_t> indptr(static_cast<std::size_t>(b) + 1, 0), kv_indptr(indptr.size(), 0);
+  double pairs = 0;  // (query, key) pairs computed; causal: half the square, as the dense rows
+  for (int i = 0; i < b; ++i) {
+    indptr[i + 1] = indptr[i] + q_lens[i];
+    kv_indptr[i + 1] = kv_indptr[i] + kv_lens[i];
+    pairs += causal ? double(q_lens[i]) * kv_lens[i] / 2 : double(q_lens[i]) * kv_lens[i];
+  }
+  const int64_t t = indptr[b];
+  const int64_t tk = kv_indptr[b];
+  const bool ragged =
+      std::any_of(q_lens.begin(), q_lens.end(), [&](int l) { return l != q_lens[0]; }) ||
+      std::any_of(kv_lens.begin(), kv_lens.end(), [&](int l) { return l != kv_lens[0]; });
   const Device dev = Device::cuda();
   MLA_ASSIGN_OR_RETURN(DeviceBuffer q,
                        random_buffer(t * kHeads * kQkHeadDim, 11, stream, "bench.q"));
@@ -51,9 +63,6 @@ Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, cudaStream_t s
                        random_buffer(t * kHeads * kVHeadDim, 14, stream, "bench.o"));
   MLA_ASSIGN_OR_RETURN(DeviceBuffer lse,
                        DeviceBuffer::allocate(dev, t * kHeads * 4, "bench.lse", "bench", false));
-  std::vector<int32_t> indptr(static_cast<std::size_t>(b) + 1), kv_indptr(indptr.size());
-  for (int i = 0; i <= b; ++i) indptr[i] = i * s_q;
-  for (int i = 0; i <= b; ++i) kv_indptr[i] = i * s_k;
   const AttnCapacity cap{b, t, tk, 1, kHeads};
   std::vector<std::byte> host_plan(op.plan_bytes(cap));
   MLA_ASSIGN_OR_RETURN(std::size_t used,
@@ -72,18 +81,16 @@ Status bench_mha(int b, int s_q, int s_k, bool causal, int iters, cudaStream_t s
   a.plan = plan.data();
   const ExecContext ctx{dev, stream};
   MLA_ASSIGN_OR_RETURN(auto times, time_runs(stream, 3, iters, [&] { return op.run(a, ctx); }));
-  // Causal: half the square.
-  const double pairs = causal ? double(s_q) * s_k / 2 : double(s_q) * s_k;
-  const double flops = 2.0 * b * pairs * kHeads * (kQkHeadDim + kVHeadDim);
+  const double flops = 2.0 * pairs * kHeads * (kQkHeadDim + kVHeadDim);
   const double tflops = flops / (times.first * 1e-6) / 1e12;
   sink({{"op", "prefill_mha"},
         {"backend", "cuda"},
         {"b", b},
-        {"s_q", s_q},
+        {"s_q", t / b},
         {"h_q", kHeads},
-        {"s_k", s_k},
+        {"s_k", tk / b},
         {"page_size", 0},
-        {"varlen", false},
+        {"varlen", ragged},
         {"causal", causal},
         {"us", times.first},
         {"us_min", times.second},
@@ -200,9 +207,22 @@ Status run_prefill_benches(bool prefill, bool extend, bool quick, const BenchSin
   if (prefill) {
     std::vector<std::pair<int, int>> shapes{{1, 4096}, {4, 2048}, {1, 16384}};
     if (quick) shapes.resize(1);
-    for (auto [b, s] : shapes) note(bench_mha(b, s, s, true, iters, stream, sink));
-    // The chunked extend's prefix-chunk attention: 4096 queries on a 16384-key chunk.
-    if (!quick) note(bench_mha(1, 4096, 16384, false, iters, stream, sink));
+    for (auto [b, s] : shapes) {
+      const std::vector<int> lens(b, s);
+      note(bench_mha(lens, lens, true, iters, stream, sink));
+    }
+    if (!quick) {
+      // The chunked extend's prefix-chunk attention: 4096 queries on a 16384-key chunk.
+      note(bench_mha({4096}, {16384}, false, iters, stream, sink));
+      // A ragged batch (issue 11): 16 requests, lengths uniform in [256, 4096] (a fixed LCG).
+      std::vector<int> lens(16);
+      uint32_t x = 20261204u;
+      for (int& l : lens) {
+        x = x * 1664525u + 1013904223u;
+        l = 256 + static_cast<int>((x >> 8) % (4096 - 256 + 1));
+      }
+      note(bench_mha(lens, lens, true, iters, stream, sink));
+    }
   }
   if (extend) {
     for (const char* name : {"chunked_mla", "paged_mla"}) {
