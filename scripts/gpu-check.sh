@@ -13,8 +13,15 @@
 #   GPU_SANITIZER_FILTER, GPU_AB="label|dir;label2|dir2" (A/B builds: for each, the absorbed
 #   tests and the quick decode grid with dir/mla_gpu_tests and dir/mla, rows tagged "variant").
 #   GPU_SANITIZE_ALL=1 (the whole GPU suite under memcheck, racecheck, initcheck and synccheck,
-#   each bounded by GPU_SANITIZE_TIMEOUT seconds, default 130; tools in GPU_SANITIZE_TOOLS, filter
-#   GPU_SANITIZE_FILTER, default *).
+#   each tool's run cut into GPU_SANITIZE_SHARDS gtest shards (default 3), all tools' shards at
+#   once on the machine's cores, each shard bounded by GPU_SANITIZE_TIMEOUT seconds (default 300),
+#   alongside the plain test run; tools in GPU_SANITIZE_TOOLS, filter GPU_SANITIZE_FILTER (default
+#   every test but the 10,000-request soak, SoakDevice.*, which the plain run covers)).
+#   GPU_BENCH_REPEAT=N: N rounds (default 1): the first runs the benchmark as configured, later
+#   ones the quick decode grid, each followed by every A/B variant's quick grid, so A/B rows of
+#   one run interleave. GPU_BENCH_PAGES (e.g. 1,16,32,64,128) sets the quick decode grids' pages,
+#   GPU_BENCH_INVARIANT=1 adds the decode grid with batch-invariant plans to the first round.
+#   The benchmarks run first, alone on the GPU.
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
 carry="${CARRY:-$root/.carry/gpu}"
@@ -27,6 +34,79 @@ summary=()
 
 summary+=("gpu        $(nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null | head -1)")
 
+# The benchmarks first, alone on the GPU: the commit's `mla bench`, then each A/B variant's
+# (GPU_AB="label|dir;label2|dir2", each dir holding an mla and mla_gpu_tests built by
+# scripts/gpu-build.sh (CARRY=dir) from another commit or with an experiments build option: the
+# quick decode grid, rows tagged "variant": label), GPU_BENCH_REPEAT times in turn.
+variants=()
+[ -n "${GPU_AB:-}" ] && IFS=';' read -ra variants <<< "$GPU_AB"
+if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
+  quick=()
+  [ "${GPU_CHECK_QUICK:-0}" = 1 ] && quick=(--quick)
+  pages=()
+  [ -n "${GPU_BENCH_PAGES:-}" ] && pages=(--pages "$GPU_BENCH_PAGES")
+  bench_rc=0
+  for ((rep = 1; rep <= ${GPU_BENCH_REPEAT:-1}; ++rep)); do
+    echo "== bench, round $rep" >> "$OUT/bench.log"
+    if [ "$rep" = 1 ]; then
+      first_pages=()
+      [ "${GPU_CHECK_QUICK:-0}" = 1 ] && first_pages=("${pages[@]}")
+      timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda "${quick[@]}" \
+        "${first_pages[@]}" --ops "${GPU_BENCH_OPS:-decode,prefill,extend}" --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
+        --out "$OUT/h200.jsonl" >> "$OUT/bench.log" 2>&1 || bench_rc=$?
+      # GPU_BENCH_INVARIANT=1: the decode grid again with batch-invariant plans (issue 13 item 6).
+      if [ "${GPU_BENCH_INVARIANT:-0}" = 1 ]; then
+        timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda "${quick[@]}" \
+          --batch-invariant --ops decode --cache-dtype bf16 --out "$OUT/h200.jsonl" \
+          >> "$OUT/bench.log" 2>&1 || bench_rc=$?
+      fi
+    else  # later rounds: the quick decode grid, to interleave with the variants' rows
+      timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda --quick "${pages[@]}" \
+        --ops decode --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" --out "$OUT/h200.jsonl" \
+        >> "$OUT/bench.log" 2>&1 || bench_rc=$?
+    fi
+    for v in "${variants[@]}"; do
+      label="${v%%|*}"
+      dir="${v#*|}"
+      {
+        echo "== variant $label ($dir, $(cat "$dir/COMMIT" 2>/dev/null)), round $rep"
+        MLA_BENCH_VARIANT="$label" MLA_COMMIT="$(cat "$dir/COMMIT" 2>/dev/null || echo unknown)" \
+          timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$dir/mla" bench --device cuda --quick \
+          "${pages[@]}" --ops decode --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
+          --out "$OUT/h200.jsonl"
+      } >> "$OUT/bench_ab.log" 2>&1
+    done
+  done
+  summary+=("bench      rc=$bench_rc rows=$(grep -c . "$OUT/h200.jsonl" 2>/dev/null) rounds=${GPU_BENCH_REPEAT:-1}")
+fi
+
+# The whole GPU suite under each compute-sanitizer tool (issue 13), started in the background
+# so that it runs alongside the plain test run: each tool's run cut into gtest shards, every
+# shard of every tool at once (the suite's host references use the cores, the sanitized kernels
+# the GPU), each shard bounded in time. Summarised per tool after the plain run.
+san_pids=()
+if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
+  sfilt="${GPU_SANITIZE_FILTER:-*:-SoakDevice.*}"
+  shards="${GPU_SANITIZE_SHARDS:-3}"
+  for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    extra=()
+    [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+    # (initcheck takes no "--track-unused-memory no": compute-sanitizer read "no" as the program.)
+    for ((i = 0; i < shards; ++i)); do
+      log="/tmp/mla_sanitize_${tool}_$i.log"  # appended to $OUT/sanitize_all.log (8 files at most)
+      (
+        start=$SECONDS
+        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i MLA_NUM_THREADS=2 \
+          timeout -s INT -k 15 "${GPU_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" \
+          "${extra[@]}" --print-limit 100 --error-exitcode 9 "$tests" --gtest_filter="$sfilt" \
+          --gtest_brief=0 > "$log" 2>&1
+        echo "$? $((SECONDS - start))" > "$log.rc"
+      ) &
+      san_pids+=($!)
+    done
+  done
+fi
+
 if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
   timeout "${GPU_TEST_TIMEOUT:-240}" "$tests" --gtest_filter="${GPU_TEST_FILTER:-*}" \
     > "$OUT/gpu_tests.log" 2>&1
@@ -37,9 +117,23 @@ if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
   summary+=("tests      rc=$rc passed=$passed failed=$failed skipped=$skipped")
   grep '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log" | head -8 | sed 's/^/           /' > /tmp/fails
   while IFS= read -r l; do summary+=("$l"); done < /tmp/fails
+  grep -E '^soak ' "$OUT/gpu_tests.log" | sed 's/^/           /' > /tmp/soaks
+  while IFS= read -r l; do summary+=("$l"); done < /tmp/soaks
 fi
 
-if [ "${GPU_SKIP_SANITIZER:-0}" != 1 ]; then
+# Each A/B variant's absorbed tests (its bench rows are above).
+for v in "${variants[@]}"; do
+  label="${v%%|*}"
+  dir="${v#*|}"
+  {
+    echo "== variant $label tests ($dir, $(cat "$dir/COMMIT" 2>/dev/null))"
+    timeout 120 "$dir/mla_gpu_tests" --gtest_filter="${GPU_AB_TEST_FILTER:-AbsorbedDevice.*:*absorbed*}" \
+      2>&1 | grep -E '^\[  (PASSED|FAILED) |tests ran'
+  } >> "$OUT/bench_ab.log" 2>&1
+  summary+=("variant    $label: $(grep -A3 "== variant $label tests" "$OUT/bench_ab.log" | grep -E 'PASSED|FAILED' | tr '\n' ' ')")
+done
+
+if [ "${GPU_SKIP_SANITIZER:-0}" != 1 ] && [ "${GPU_SANITIZE_ALL:-0}" != 1 ]; then
   filt="${GPU_SANITIZER_FILTER:-AbsorbedDevice.*:*absorbed_decode_h16_p16_bs6*:*absorbed_verify_h128_p64*:*absorbed_draft_h16*}"
   {
     echo "== memcheck ($filt)"
@@ -51,44 +145,6 @@ if [ "${GPU_SKIP_SANITIZER:-0}" != 1 ]; then
     echo "racecheck rc=$?"
   } > "$OUT/sanitizer.log" 2>&1
   summary+=("sanitizer  $(grep -E '^(memcheck|racecheck) rc=' "$OUT/sanitizer.log" | tr '\n' ' ')$(grep -m1 -E 'ERROR SUMMARY' "$OUT/sanitizer.log")")
-fi
-
-# The whole GPU suite under each compute-sanitizer tool (issue 13), each run bounded in time so
-# that the four fit one device call (4 x 130 s by default). Per tool: the errors reported, the
-# tests that finished and whether the time limit cut the run short. The error count is the
-# tool's ERROR SUMMARY when it got that far, else the error reports in its log so far.
-if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
-  sfilt="${GPU_SANITIZE_FILTER:-*}"
-  for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
-    log="/tmp/mla_sanitize_$tool.log"  # appended to $OUT/sanitize_all.log (8 files at most)
-    extra=()
-    [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
-    # (initcheck takes no "--track-unused-memory no": compute-sanitizer read "no" as the program.)
-    start=$SECONDS
-    timeout -s INT -k 15 "${GPU_SANITIZE_TIMEOUT:-130}" compute-sanitizer --tool "$tool" \
-      "${extra[@]}" --print-limit 100 --error-exitcode 9 "$tests" --gtest_filter="$sfilt" \
-      --gtest_brief=0 > "$log" 2>&1
-    rc=$?
-    secs=$((SECONDS - start))
-    errors="$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -n 1)"
-    if [ -z "$errors" ]; then
-      errors="$(grep -cE '^========= (Invalid|Uninitialized|Error|Warning|Barrier|Program hit|Race|Cuda API|Host API|Unused|Misaligned|Out of)' "$log")"
-      errors="$errors so far"
-    fi
-    hazards="$(grep -m1 -E 'RACECHECK SUMMARY' "$log" | sed 's/^========= //')"
-    ran=$(grep -c '^\[ RUN      \]' "$log")
-    ok=$(grep -c '^\[       OK \]' "$log")
-    bad=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$log")
-    state="finished"
-    # gtest's last line: "[==========] N tests from M test suites ran. (T ms total)".
-    { [ $rc -eq 124 ] || [ $rc -eq 130 ] || [ $rc -eq 137 ] || \
-      ! grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$log"; } && \
-      state="TIME LIMIT (${GPU_SANITIZE_TIMEOUT:-130} s)"
-    summary+=("$(printf 'sanitize   %-9s errors=%s rc=%s %ss tests run=%s ok=%s failed=%s %s %s' \
-      "$tool" "$errors" "$rc" "$secs" "$ran" "$ok" "$bad" "$state" "$hazards")")
-    { echo "==== compute-sanitizer --tool $tool ($sfilt): rc=$rc, ${secs}s"; cat "$log"; } \
-      >> "$OUT/sanitize_all.log"
-  done
 fi
 
 if command -v cuobjdump > /dev/null; then
@@ -145,38 +201,44 @@ if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
   fi
 fi
 
-if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
-  quick=()
-  [ "${GPU_CHECK_QUICK:-0}" = 1 ] && quick=(--quick)
-  timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda "${quick[@]}" \
-    --ops "${GPU_BENCH_OPS:-decode,prefill,extend}" --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
-    --out "$OUT/h200.jsonl" > "$OUT/bench.log" 2>&1
-  summary+=("bench      rc=$? rows=$(grep -c . "$OUT/h200.jsonl" 2>/dev/null)")
-fi
-
-# A/B builds: GPU_AB="label|dir;label2|dir2", each dir holding an mla and mla_gpu_tests built by
-# scripts/gpu-build.sh (CARRY=dir) from another commit or with an experiments build option. For
-# each: the absorbed tests and the quick decode grid, rows tagged "variant": label.
-if [ -n "${GPU_AB:-}" ]; then
-  IFS=';' read -ra variants <<< "$GPU_AB"
-  for v in "${variants[@]}"; do
-    label="${v%%|*}"
-    dir="${v#*|}"
-    {
-      echo "== variant $label ($dir, $(cat "$dir/COMMIT" 2>/dev/null))"
-      timeout 120 "$dir/mla_gpu_tests" --gtest_filter="${GPU_AB_TEST_FILTER:-AbsorbedDevice.*:*absorbed*}" \
-        2>&1 | grep -E '^\[  (PASSED|FAILED) |tests ran'
-      MLA_BENCH_VARIANT="$label" MLA_COMMIT="$(cat "$dir/COMMIT" 2>/dev/null || echo unknown)" \
-        timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$dir/mla" bench --device cuda --quick --ops decode \
-        --out "$OUT/h200.jsonl"
-    } >> "$OUT/bench_ab.log" 2>&1
-    summary+=("variant    $label: $(grep -A3 "== variant $label" "$OUT/bench_ab.log" | grep -E 'PASSED|FAILED' | tr '\n' ' ')")
+# The sanitizer shards (started before the plain run): per tool, the errors of all its shards
+# (each shard's ERROR SUMMARY when it got that far, else its error reports so far), the tests
+# that finished, and whether a shard's time limit cut it short.
+if [ ${#san_pids[@]} -gt 0 ]; then
+  wait "${san_pids[@]}"
+  for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    errors=0; partial=""; ran=0; ok=0; bad=0; state="finished"; secs=0; rcs=""; hazards=""
+    for ((i = 0; i < ${GPU_SANITIZE_SHARDS:-3}; ++i)); do
+      log="/tmp/mla_sanitize_${tool}_$i.log"
+      read -r rc s < "$log.rc"
+      rcs="$rcs$rc,"
+      [ "$s" -gt "$secs" ] && secs=$s
+      e="$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -n 1)"
+      if [ -z "$e" ]; then
+        e="$(grep -cE '^========= (Invalid|Uninitialized|Error|Warning|Barrier|Program hit|Race|Cuda API|Host API|Unused|Misaligned|Out of)' "$log")"
+        partial=" (some so far)"
+      fi
+      errors=$((errors + e))
+      h="$(grep -m1 -E 'RACECHECK SUMMARY' "$log" | sed 's/^========= RACECHECK SUMMARY: //')"
+      [ -n "$h" ] && hazards="$hazards [$h]"
+      ran=$((ran + $(grep -c '^\[ RUN      \]' "$log")))
+      ok=$((ok + $(grep -c '^\[       OK \]' "$log")))
+      bad=$((bad + $(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$log")))
+      # gtest's last line: "[==========] N tests from M test suites ran. (T ms total)".
+      { [ "$rc" -eq 124 ] || [ "$rc" -eq 130 ] || [ "$rc" -eq 137 ] || \
+        ! grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$log"; } && \
+        state="TIME LIMIT (${GPU_SANITIZE_TIMEOUT:-300} s)"
+      { echo "==== compute-sanitizer --tool $tool, shard $i of ${GPU_SANITIZE_SHARDS:-3}: rc=$rc, ${s}s"
+        cat "$log"; } >> "$OUT/sanitize_all.log"
+    done
+    summary+=("$(printf 'sanitize   %-9s errors=%s%s rc=%s %ss tests run=%s ok=%s failed=%s %s%s' \
+      "$tool" "$errors" "$partial" "${rcs%,}" "$secs" "$ran" "$ok" "$bad" "$state" "$hazards")")
   done
 fi
 
 echo
 echo "==== bench (us, TFLOP/s, GB/s, fraction of the ceiling) ===="
-cat "$OUT/bench.log" 2>/dev/null | tail -80
+grep -vE '^== bench' "$OUT/bench.log" 2>/dev/null | tail -80
 [ -f "$OUT/bench_ab.log" ] && grep -E '^(== variant|decode )' "$OUT/bench_ab.log"
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
