@@ -13,10 +13,12 @@
 #   GPU_SANITIZER_FILTER, GPU_AB="label|dir;label2|dir2" (A/B builds: for each, the absorbed
 #   tests and the quick decode grid with dir/mla_gpu_tests and dir/mla, rows tagged "variant").
 #   GPU_SANITIZE_ALL=1 (the whole GPU suite under memcheck, racecheck, initcheck and synccheck,
-#   each tool's run cut into GPU_SANITIZE_SHARDS gtest shards (default 3), all tools' shards at
-#   once on the machine's cores, each shard bounded by GPU_SANITIZE_TIMEOUT seconds (default 300),
-#   alongside the plain test run; tools in GPU_SANITIZE_TOOLS, filter GPU_SANITIZE_FILTER (default
-#   every test but the 10,000-request soak, SoakDevice.*, which the plain run covers)).
+#   each tool's run cut into GPU_SANITIZE_SHARDS gtest shards (default 3; racecheck
+#   GPU_SANITIZE_RACECHECK_SHARDS, default 8), all tools' shards at once on the machine's cores
+#   once the plain test run is done, alongside the SASS, integration and Python steps, each shard
+#   bounded by GPU_SANITIZE_TIMEOUT seconds (default 300); tools in GPU_SANITIZE_TOOLS, filter
+#   GPU_SANITIZE_FILTER (default every test but the 10,000-request soak, SoakDevice.*, which the
+#   plain run covers)). A failed plain run reruns its first failed tests alone under memcheck.
 #   GPU_BENCH_REPEAT=N: N rounds (default 1): the first runs the benchmark as configured, later
 #   ones the quick decode grid, each followed by every A/B variant's quick grid, so A/B rows of
 #   one run interleave. GPU_BENCH_PAGES (e.g. 1,16,32,64,128) sets the quick decode grids' pages,
@@ -80,17 +82,51 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
   summary+=("bench      rc=$bench_rc rows=$(grep -c . "$OUT/h200.jsonl" 2>/dev/null) rounds=${GPU_BENCH_REPEAT:-1}")
 fi
 
+failed=0
+if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
+  timeout "${GPU_TEST_TIMEOUT:-240}" "$tests" --gtest_filter="${GPU_TEST_FILTER:-*}" \
+    > "$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  passed=$(grep -c '^\[       OK \]' "$OUT/gpu_tests.log")
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log")
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$OUT/gpu_tests.log")
+  summary+=("tests      rc=$rc passed=$passed failed=$failed skipped=$skipped")
+  grep '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log" | head -8 | sed 's/^/           /' > /tmp/fails
+  while IFS= read -r l; do summary+=("$l"); done < /tmp/fails
+  grep -E '^soak ' "$OUT/gpu_tests.log" | sed 's/^/           /' > /tmp/soaks
+  while IFS= read -r l; do summary+=("$l"); done < /tmp/soaks
+fi
+
+# A failed plain run: its failed tests once more, alone, under memcheck (which names the kernel
+# and the address of a bad access), appended to the test log.
+if [ "${GPU_SKIP_TESTS:-0}" != 1 ] && [ "$failed" -gt 0 ]; then
+  ffilt="$(grep '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log" | sed 's/^\[  FAILED  \] \([^ ,]*\).*/\1/' | sort -u | head -3 | tr '\n' ':')"
+  {
+    echo; echo "==== the first failed tests again, alone, under memcheck: $ffilt"
+    timeout 45 compute-sanitizer --tool memcheck --print-limit 20 "$tests" --gtest_filter="$ffilt"
+    echo "memcheck rerun rc=$?"
+  } >> "$OUT/gpu_tests.log" 2>&1
+  summary+=("rerun      $(grep -E '^memcheck rerun rc=' "$OUT/gpu_tests.log") $(grep -m1 -E 'ERROR SUMMARY' <(sed -n '/==== the first failed tests again/,$p' "$OUT/gpu_tests.log"))")
+  summary+=("           $(grep -cE '^\[       OK \]' <(sed -n '/==== the first failed tests again/,$p' "$OUT/gpu_tests.log")) of them passed alone")
+fi
+
 # The whole GPU suite under each compute-sanitizer tool (issue 13), started in the background
-# so that it runs alongside the plain test run: each tool's run cut into gtest shards, every
-# shard of every tool at once (the suite's host references use the cores, the sanitized kernels
-# the GPU), each shard bounded in time. Summarised per tool after the plain run.
+# once the plain run is done (so nothing else shares the GPU with it), alongside the steps after
+# it: each tool's run cut into gtest shards (racecheck, the slowest, into more), every shard of
+# every tool at once (the suite's host references use the cores, the sanitized kernels the GPU),
+# each shard bounded in time. Summarised per tool at the end.
 san_pids=()
 if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
   sfilt="${GPU_SANITIZE_FILTER:-*:-SoakDevice.*}"
-  shards="${GPU_SANITIZE_SHARDS:-3}"
   for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
     extra=()
-    [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+    shards="${GPU_SANITIZE_SHARDS:-3}"
+    if [ "$tool" = racecheck ]; then
+      extra=(--racecheck-report hazard)
+      shards="${GPU_SANITIZE_RACECHECK_SHARDS:-8}"
+    fi
+    echo "$shards" > "/tmp/mla_sanitize_${tool}.shards"
+    rm -f "/tmp/mla_sanitize_${tool}.failed"
     # (initcheck takes no "--track-unused-memory no": compute-sanitizer read "no" as the program.)
     for ((i = 0; i < shards; ++i)); do
       log="/tmp/mla_sanitize_${tool}_$i.log"  # appended to $OUT/sanitize_all.log (8 files at most)
@@ -105,20 +141,6 @@ if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
       san_pids+=($!)
     done
   done
-fi
-
-if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${GPU_TEST_TIMEOUT:-240}" "$tests" --gtest_filter="${GPU_TEST_FILTER:-*}" \
-    > "$OUT/gpu_tests.log" 2>&1
-  rc=$?
-  passed=$(grep -c '^\[       OK \]' "$OUT/gpu_tests.log")
-  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log")
-  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$OUT/gpu_tests.log")
-  summary+=("tests      rc=$rc passed=$passed failed=$failed skipped=$skipped")
-  grep '^\[  FAILED  \] [A-Za-z].*(' "$OUT/gpu_tests.log" | head -8 | sed 's/^/           /' > /tmp/fails
-  while IFS= read -r l; do summary+=("$l"); done < /tmp/fails
-  grep -E '^soak ' "$OUT/gpu_tests.log" | sed 's/^/           /' > /tmp/soaks
-  while IFS= read -r l; do summary+=("$l"); done < /tmp/soaks
 fi
 
 # Each A/B variant's absorbed tests (its bench rows are above).
@@ -201,14 +223,15 @@ if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
   fi
 fi
 
-# The sanitizer shards (started before the plain run): per tool, the errors of all its shards
+# The sanitizer shards (started after the plain run): per tool, the errors of all its shards
 # (each shard's ERROR SUMMARY when it got that far, else its error reports so far), the tests
 # that finished, and whether a shard's time limit cut it short.
 if [ ${#san_pids[@]} -gt 0 ]; then
   wait "${san_pids[@]}"
   for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
     errors=0; partial=""; ran=0; ok=0; bad=0; state="finished"; secs=0; rcs=""; hazards=""
-    for ((i = 0; i < ${GPU_SANITIZE_SHARDS:-3}; ++i)); do
+    shards="$(cat "/tmp/mla_sanitize_${tool}.shards")"
+    for ((i = 0; i < shards; ++i)); do
       log="/tmp/mla_sanitize_${tool}_$i.log"
       read -r rc s < "$log.rc"
       rcs="$rcs$rc,"
@@ -224,15 +247,20 @@ if [ ${#san_pids[@]} -gt 0 ]; then
       ran=$((ran + $(grep -c '^\[ RUN      \]' "$log")))
       ok=$((ok + $(grep -c '^\[       OK \]' "$log")))
       bad=$((bad + $(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$log")))
+      grep '^\[  FAILED  \] [A-Za-z].*(' "$log" | sed 's/^\[  FAILED  \] \([^ ,]*\).*/\1/' \
+        >> "/tmp/mla_sanitize_${tool}.failed"
       # gtest's last line: "[==========] N tests from M test suites ran. (T ms total)".
       { [ "$rc" -eq 124 ] || [ "$rc" -eq 130 ] || [ "$rc" -eq 137 ] || \
         ! grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$log"; } && \
         state="TIME LIMIT (${GPU_SANITIZE_TIMEOUT:-300} s)"
-      { echo "==== compute-sanitizer --tool $tool, shard $i of ${GPU_SANITIZE_SHARDS:-3}: rc=$rc, ${s}s"
+      { echo "==== compute-sanitizer --tool $tool, shard $i of $shards: rc=$rc, ${s}s"
         cat "$log"; } >> "$OUT/sanitize_all.log"
     done
     summary+=("$(printf 'sanitize   %-9s errors=%s%s rc=%s %ss tests run=%s ok=%s failed=%s %s%s' \
       "$tool" "$errors" "$partial" "${rcs%,}" "$secs" "$ran" "$ok" "$bad" "$state" "$hazards")")
+    if [ -s "/tmp/mla_sanitize_${tool}.failed" ]; then
+      summary+=("           failed: $(sort -u "/tmp/mla_sanitize_${tool}.failed" | head -6 | tr '\n' ' ')")
+    fi
   done
 fi
 

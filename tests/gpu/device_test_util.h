@@ -19,8 +19,10 @@ inline StatusOr<DeviceBuffer> upload(const void* src, std::size_t bytes, const c
   MLA_ASSIGN_OR_RETURN(DeviceBuffer buf,
                        DeviceBuffer::allocate(Device::cuda(), std::max<std::size_t>(bytes, 256),
                                               name, "test", false));
-  MLA_RETURN_IF_ERROR(
-      device_runtime(DeviceType::kCuda)->copy_to_device(buf.data(), src, bytes, nullptr));
+  DeviceRuntime* rt = device_runtime(DeviceType::kCuda);
+  MLA_RETURN_IF_ERROR(rt->copy_to_device(buf.data(), src, bytes, nullptr));
+  // Done before the caller's work on any stream (a non-blocking one does not wait for this one).
+  MLA_RETURN_IF_ERROR(rt->synchronize(nullptr));
   return buf;
 }
 

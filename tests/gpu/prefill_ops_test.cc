@@ -52,6 +52,8 @@ DeviceBuffer upload(const std::vector<T>& host, const char* name) {
   if (!host.empty()) {
     EXPECT_TRUE(rt().copy_to_device(buf->data(), host.data(), bytes, nullptr).ok());
   }
+  // Done before work on any stream: a non-blocking stream does not wait for the legacy one.
+  EXPECT_TRUE(rt().synchronize(nullptr).ok());
   return std::move(buf).value();
 }
 
@@ -59,6 +61,7 @@ DeviceBuffer poisoned(std::size_t bytes, const char* name) {
   auto buf = DeviceBuffer::allocate(Device::cuda(), bytes, name, "test", false);
   EXPECT_TRUE(buf.ok()) << buf.status().to_string();
   EXPECT_TRUE(rt().memset(buf->data(), 0xFF, bytes, nullptr).ok());
+  EXPECT_TRUE(rt().synchronize(nullptr).ok());  // as upload
   return std::move(buf).value();
 }
 
@@ -97,7 +100,11 @@ struct MhaSetup {
     std::vector<std::byte> host(cuda_ops().mha->plan_bytes(cap));
     MLA_ASSIGN_OR_RETURN(std::size_t used,
                          cuda_ops().mha->plan(MhaProblem{heads, causal, qo, kv}, cap, host));
-    return rt().copy_to_device(plan.data(), host.data(), used, nullptr);
+    MLA_RETURN_IF_ERROR(rt().copy_to_device(plan.data(), host.data(), used, nullptr));
+    // The copy is on the legacy stream, which a non-blocking stream's work does not wait for:
+    // without this a replay could read a half-copied plan (an illegal address on the H200,
+    // 2026-12-04, while other processes shared the GPU).
+    return rt().synchronize(nullptr);
   }
   MhaArgs args() const {
     MhaArgs a;
@@ -113,6 +120,7 @@ struct MhaSetup {
   void poison() {
     ASSERT_TRUE(rt().memset(o.data(), 0xFF, o.bytes(), nullptr).ok());
     ASSERT_TRUE(rt().memset(lse.data(), 0xFF, lse.bytes(), nullptr).ok());
+    ASSERT_TRUE(rt().synchronize(nullptr).ok());  // before work on any stream (as replan)
   }
 };
 

@@ -436,9 +436,11 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
                                 desc_mn0 + ((k_tile + 4 * kBlockBytes + ks * 2048) >> 4), true);
         }
         wgmma_commit();
-        // The slots of tile g + 2 from its entries (loaded two tiles ago) while the P V runs, so
-        // the stage-free barrier is followed by the loads alone.
-        if (cur.valid()) resolve_slots(st, cur, box_rows, tw, el, sl);
+        // bf16: the slots of tile g + 2 from its entries (loaded two tiles ago) while the P V
+        // runs, so the stage-free barrier is followed by the loads alone (pages 1-32: 0.90-0.94x
+        // the time of resolving after it). fp8 resolves after the barrier: early, before the
+        // conversion, it was 1.03-1.07x slower at pages 1-32 (H200, 2026-12-04).
+        if (!kFp8 && cur.valid()) resolve_slots(st, cur, box_rows, tw, el, sl);
         if constexpr (kFp8) {  // tile g + 1 (issued one tile ago) into bf16 in its stage
           if (cv.valid()) {
             const int s1 = (g + 1) & 1;
@@ -453,6 +455,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char
         mbar_arrive(p_free);            // P and the factors of tile g are read
         bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
         if (cur.valid()) {
+          if constexpr (kFp8) resolve_slots(st, cur, box_rows, tw, el, sl);
           issue_tile<kFp8>(p, cur, box_rows, tw, sl, k_tile, full);
           cur = nx;
 #pragma unroll
