@@ -117,7 +117,7 @@ fi
 # each shard bounded in time. Summarised per tool at the end.
 san_pids=()
 if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
-  sfilt="${GPU_SANITIZE_FILTER:-*:-SoakDevice.*}"
+  sfilt="${GPU_SANITIZE_FILTER:-*:-*SoakDevice.*}"
   for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
     extra=()
     shards="${GPU_SANITIZE_SHARDS:-3}"

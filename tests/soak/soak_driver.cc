@@ -115,17 +115,22 @@ void soak(const std::string& backend_name, Device device, int num_requests,
   BackendContext ctx;
   ctx.pool = pool->get();
   ctx.options.model = *model;
+  ctx.options.device = device;
   ctx.options.max_batch = sc.max_running_requests;
   ctx.options.max_q_len = kSpec;
-  ctx.options.paged_workspace_bytes = 16u << 20;
-  ctx.options.chunked_workspace_bytes = 16u << 20;
+  if (device.is_cpu()) {  // cuda keeps the defaults: its split-KV partials need more
+    ctx.options.paged_workspace_bytes = 16u << 20;
+    ctx.options.chunked_workspace_bytes = 16u << 20;
+  }
   ctx.options.chunked_prefix_capacity = 64;  // prefixes go through several chunks
   ctx.options.mha_prefix_threshold = 64;
   auto target = BackendRegistry::global().create(backend_name, ctx);
   auto draft = BackendRegistry::global().create(backend_name, ctx);
   ASSERT_TRUE(target.ok() && draft.ok()) << target.status().to_string();
   const int64_t max_graph_tokens = int64_t{sc.max_running_requests} * kSpec;
-  ASSERT_TRUE((*target)->init_cuda_graph_state(sc.max_running_requests, max_graph_tokens).ok());
+  const Status graph_state =
+      (*target)->init_cuda_graph_state(sc.max_running_requests, max_graph_tokens);
+  ASSERT_TRUE(graph_state.ok()) << graph_state.to_string();
   auto layer = cli::SimLayer::create(*model, device, pc.num_layers, (*pool)->num_slots(),
                                      std::max<int64_t>(sc.max_batch_tokens, max_graph_tokens), 99);
   ASSERT_TRUE(layer.ok()) << layer.status().to_string();
