@@ -102,14 +102,49 @@ class AbsorbedPlan:
                           self.num_heads, self.page_size, self.causal, self.max_batch,
                           self.max_q_tokens, self.max_q_len)
         self._rows, self._kv_lens = rows, kl  # for check_pages (references, no copy)
+        # The table extents the plan reads, checked against the table's shape in run() (on
+        # the host, no sync): the cuda kernel bounds the slots it reads, not its table reads.
+        self._max_row = int(rows.max()) if rows.numel() else -1
+        self._max_kv = int(kl.max()) if kl.numel() else 0
+        self._flat_end = None  # the flat page list's, computed on first use
         self.planned = True
         return self
+
+    def _check_table_shape(self, req_to_token, block_table) -> None:
+        """ValueError naming the table when the plan would read past it: a row beyond its
+        rows, a key beyond its columns, or (flat page list) an entry beyond its end."""
+        table = req_to_token if block_table is None else block_table
+        name = "req_to_token" if block_table is None else "block_table"
+        if not isinstance(table, torch.Tensor) or self._max_kv == 0:
+            return  # no table (the op names what is missing), or no key is read
+        P = self.page_size
+        if table.dim() == 2:
+            if self._max_row >= table.shape[0]:
+                raise ValueError(f"{name}: {table.shape[0]} rows, but the plan reads row "
+                                 f"{self._max_row} (req_rows)")
+            # req_to_token: a page's first slot at its first key; block table: a page id a page.
+            if block_table is None:
+                need = ((self._max_kv - 1) // P) * P + 1
+            else:
+                need = -(-self._max_kv // P)
+            if table.shape[1] < need:
+                raise ValueError(f"{name}: {table.shape[1]} columns, but the plan reads "
+                                 f"{need} for a request of {self._max_kv} keys (page {P})")
+        elif table.dim() == 1 and block_table is not None:
+            if self._flat_end is None:
+                self._flat_end = int((self._rows + (self._kv_lens + P - 1) // P).max())
+            if self._flat_end > table.shape[0]:
+                raise ValueError(f"block_table: a flat page list of {table.shape[0]} entries, "
+                                 f"but the plan reads up to entry {self._flat_end - 1} "
+                                 f"(req_rows offsets plus each request's pages)")
 
     def run(self, q, kv_cache, req_to_token, o, lse, sm_scale: float, k_scale: float = 1.0, *,
             block_table=None, check_pages: bool = False):
         """Writes o and lse (natural log) for the batch last planned; allocates nothing.
         Pass the page table as req_to_token, or as block_table with req_to_token=None.
 
+        The table's shape is always checked against what the plan reads (its rows, its
+        columns or its length: ValueError naming the table; nothing written).
         check_pages: first check every table entry the plan reads against the cache and raise
         ValueError (naming the table, request, key and slot; nothing written) when one points
         outside it. The cpu op always checks. On cuda this reads the table back: a device sync
@@ -121,6 +156,7 @@ class AbsorbedPlan:
         if q.dim() != 3 or q.shape[1] != self.num_heads:
             raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
                              f"[tokens, {self.num_heads}, 576]")
+        self._check_table_shape(req_to_token, block_table)
         if check_pages:
             check_page_table(req_to_token, block_table, self._rows, self._kv_lens,
                              self.page_size, kv_cache.shape[0])

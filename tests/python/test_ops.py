@@ -102,6 +102,34 @@ def test_absorbed_page_table_arguments(device):
     assert float(o.float().abs().max()) == 0.0
 
 
+def test_absorbed_table_shape_is_checked_before_the_run(device):
+    """A page table smaller than what the plan reads (rows, columns, a flat list's length) is
+    a ValueError naming it, raised on the host before the op runs; o is left as it was."""
+    P = 16
+    case = PagedCase(page_size=P, kv_lens=[40, 9], q_lens=[1, 1], heads=16,
+                     layout="shuffled", seed=6).to(device)
+    plan = ops.AbsorbedPlan(device, 16, P, max_batch=2, max_q_tokens=2)
+    o = torch.zeros(2, 16, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.zeros(2, 16, dtype=torch.float32, device=device)
+    rows = case.rows.tolist()
+    plan.plan(rows, [1, 1], [40, 9])
+    with pytest.raises(ValueError, match=r"req_to_token: \d+ columns, but the plan reads 33"):
+        plan.run(case.q, case.cache, case.req_to_token[:, :32], o, lse, case.sm_scale)
+    with pytest.raises(ValueError, match=r"req_to_token: 1 rows, but the plan reads row"):
+        plan.run(case.q, case.cache, case.req_to_token[:1], o, lse, case.sm_scale)  # rows >= 1
+    plan.plan([0, 1], [1, 1], [40, 9])
+    with pytest.raises(ValueError, match=r"block_table: 2 columns, but the plan reads 3"):
+        plan.run(case.q, case.cache, None, o, lse, case.sm_scale,
+                 block_table=case.block_table[:, :2].contiguous())
+    flat = torch.tensor([p for ps in case.pages for p in ps], dtype=torch.int32, device=device)
+    plan.plan([0, len(case.pages[0])], [1, 1], [40, 9])
+    with pytest.raises(ValueError, match=r"block_table: a flat page list of 3 entries"):
+        plan.run(case.q, case.cache, None, o, lse, case.sm_scale, block_table=flat[:3])
+    assert float(o.float().abs().max()) == 0.0
+    plan.run(case.q, case.cache, None, o, lse, case.sm_scale, block_table=flat)  # the full list
+    assert float(o.float().abs().max()) > 0.0
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_absorbed_kv_len_zero_and_replan(device, causal):
     heads, P = 16, 16
