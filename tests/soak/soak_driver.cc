@@ -17,13 +17,6 @@
 #include "sim/sim_scheduler.h"
 #include "sim/sim_workload.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define MLA_SOAK_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MLA_SOAK_ASAN 1
-#endif
-#endif
 #ifdef MLA_SOAK_ASAN
 // From the sanitizer runtime (sanitizer/allocator_interface.h, which gcc does not install).
 extern "C" std::size_t __sanitizer_get_current_allocated_bytes();

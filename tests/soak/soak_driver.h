@@ -20,6 +20,15 @@
 
 #include "mla/types.h"
 
+// MLA_SOAK_ASAN: built with AddressSanitizer (gcc or clang).
+#if defined(__SANITIZE_ADDRESS__)
+#define MLA_SOAK_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MLA_SOAK_ASAN 1
+#endif
+#endif
+
 namespace mla::testing {
 
 // Layers on one step in layer_every (the KV cache is written on every step); a reference check

@@ -10,13 +10,6 @@
 #include "mla/workspace.h"
 #include "soak/soak_driver.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define MLA_SOAK_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MLA_SOAK_ASAN 1
-#endif
-#endif
 #ifdef MLA_SOAK_ASAN
 // ASan keeps freed blocks in a quarantine (256 MiB by default) that fills during the run, which
 // made resident memory grow after warm-up; a 32 MiB quarantine fills within the warm-up, so the
