@@ -11,7 +11,10 @@ cache is read in place. q_nope / q_pe are read in place when they are views of o
 buffer, else they are concatenated (a copy of T x H x 576 bf16 per run). The page list
 (kv_indptr, kv_indices) is read in place: kv_indices is the op's flat block table and the
 host kv_indptr[:-1] are the planned rows, so request b's pages start at kv_indices[kv_indptr[b]]
-(kv_indices is copied only when it is not int32 on the wrapper's device).
+(kv_indices is copied only when it is not int32 on the wrapper's device). With
+use_cuda_graph=True every plan copies kv_indices into one persistent buffer (the constructor's
+kv_indices, as FlashInfer takes it, else one allocated by the first plan), so a captured run
+reads the pages of the latest plan.
 """
 from __future__ import annotations
 
@@ -47,6 +50,17 @@ class BatchMLAPagedAttentionWrapper:
         self._plan: Optional[AbsorbedPlan] = None
         self._kv_indices: Optional[torch.Tensor] = None
         self._tokens = 0
+        # use_cuda_graph: a captured run keeps reading the page list it was captured with, so
+        # every plan copies its kv_indices into one persistent buffer (FlashInfer's
+        # kv_indices argument here, else allocated by the first plan at its size).
+        self._graph_kv_indices: Optional[torch.Tensor] = None
+        if self.use_cuda_graph and kv_indices is not None:
+            if (not isinstance(kv_indices, torch.Tensor) or kv_indices.dtype != torch.int32
+                    or kv_indices.dim() != 1 or not kv_indices.is_contiguous()
+                    or _device(kv_indices.device) != self.device):
+                raise ValueError("kv_indices: the use_cuda_graph buffer must be a contiguous "
+                                 f"1-D int32 tensor on {self.device}")
+            self._graph_kv_indices = kv_indices
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads: int,
              head_dim_ckv: int, head_dim_kpe: int, page_size: int, causal: bool,
@@ -84,6 +98,8 @@ class BatchMLAPagedAttentionWrapper:
                              f"{int(kvp[-1])}")
         # Page j of request b is kv_indices[kv_indptr[b] + j]: the flat list is the op's block
         # table and kv_indptr[b] the row of request b (read in place, kept alive until run).
+        if self.use_cuda_graph:
+            indices = self._into_graph_buffer(indices)
         self._kv_indices = indices
         total_q = int(qo[-1])
         max_q = max(int(q_lens.max()) if bs else 1, 1)
@@ -104,6 +120,20 @@ class BatchMLAPagedAttentionWrapper:
         self._tokens = total_q
         self._num_heads = int(num_heads)
         self._kv_dtype = kv_data_type
+
+    def _into_graph_buffer(self, indices: torch.Tensor) -> torch.Tensor:
+        """The persistent page-list buffer holding `indices` (copied on the current stream,
+        so a replay on it reads them)."""
+        buf = self._graph_kv_indices
+        if buf is None:
+            buf = torch.empty(max(indices.numel(), 1), dtype=torch.int32, device=self.device)
+            self._graph_kv_indices = buf
+        if indices.numel() > buf.numel():
+            raise ValueError(f"kv_indices: {indices.numel()} page ids exceed the use_cuda_graph "
+                             f"buffer of {buf.numel()}")
+        if indices.data_ptr() != buf.data_ptr():
+            buf[: indices.numel()].copy_(indices)
+        return buf
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
             kpe_cache: torch.Tensor, out: Optional[torch.Tensor] = None,

@@ -90,6 +90,39 @@ def test_batch_mla_paged_attention_wrapper(device, page_size, fused_q, base_e):
     assert torch.equal(only_out, out)
 
 
+def test_wrapper_graph_mode_reads_one_persistent_page_list(device):
+    """use_cuda_graph=True: each plan copies its kv_indices into the constructor's buffer and
+    runs read that buffer (a captured graph keeps the address it was captured with), so a plan
+    given a new kv_indices tensor is still what a replay reads."""
+    h, P = 16, 16
+    buf = torch.full((16,), -1, dtype=torch.int32, device=device)
+    w = mla.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8, device=device),
+                                          use_cuda_graph=True, kv_indices=buf)
+    kv_lens = [40, 20, 9]
+    for seed in (11, 12):  # same lengths, other pages and cache contents
+        case = PagedCase(page_size=P, kv_lens=kv_lens, q_lens=[1, 1, 1], heads=h,
+                         layout="shuffled", seed=seed).to(device)
+        kv_indptr = torch.tensor([0] + list(itertools.accumulate(len(p) for p in case.pages)),
+                                 dtype=torch.int32)
+        fresh = torch.tensor([p for ps in case.pages for p in ps], dtype=torch.int32,
+                             device=device)
+        w.plan(torch.tensor([0, 1, 2, 3], dtype=torch.int32), kv_indptr, fresh,
+               torch.tensor(kv_lens, dtype=torch.int32), h, 512, 64, P, True, case.sm_scale,
+               torch.bfloat16, torch.bfloat16)
+        assert w._kv_indices.data_ptr() == buf.data_ptr()
+        assert torch.equal(buf[: fresh.numel()], fresh)
+        paged = case.cache.view(-1, P, 576)
+        out = w.run(case.q[..., :512], case.q[..., 512:], paged[..., :512], paged[..., 512:])
+        ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(3)],
+                                   [1, 1, 1], case.sm_scale, True)
+        assert oracle.rel_err(out, ref_o) < 1e-2
+    with pytest.raises(ValueError, match="exceed the use_cuda_graph buffer of 16"):
+        w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 17], dtype=torch.int32),
+               torch.zeros(17, dtype=torch.int32, device=device),
+               torch.tensor([17 * P], dtype=torch.int32), h, 512, 64, P, True, 0.1,
+               torch.bfloat16, torch.bfloat16)
+
+
 def test_wrapper_rejects_separate_cache_buffers(device):
     case = PagedCase(page_size=16, kv_lens=[5], q_lens=[1], heads=16, layout="shuffled").to(device)
     w = mla.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8, device=device))
