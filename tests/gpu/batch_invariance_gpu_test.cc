@@ -6,11 +6,13 @@
 // default plans: they split a lone long request over the grid, which changes its bits (so the
 // comparison can fail). Built only with MLA_CUDA=ON (label gpu); skips without a device.
 #ifdef MLA_WITH_CUDA
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -209,20 +211,41 @@ std::pair<int, int> count_changed(const AbsorbedAttentionOp* op, int heads, int 
 
 class BatchInvarianceDevice : public CudaAbsorbedTest {};
 
-TEST_F(BatchInvarianceDevice, RequestRowsAreBitwiseIndependentOfTheBatch) {
-  for (int heads : {16, 64, 128}) {
-    for (int page : {1, 64}) {
-      for (int max_q : {1, 4}) {
-        const auto [compared, changed] =
-            count_changed(op_, heads, page, max_q, true, mix_seed(base_seed(), heads * 100 + page));
-        EXPECT_GT(compared, 0);
-        EXPECT_EQ(changed, 0) << "heads " << heads << " page " << page << " max_q " << max_q << ": "
-                              << changed << " of " << compared
-                              << " requests changed bits inside a batch";
-      }
-    }
-  }
+// One test per (heads, page, longest q_len), so gtest shards spread them (a sanitizer shard
+// holding all twelve, 45 s plain, ran past its time limit under racecheck on the H200).
+struct InvarianceShape {
+  int heads, page, max_q;
+};
+void PrintTo(const InvarianceShape& s, std::ostream* os) {
+  *os << "heads " << s.heads << ", page " << s.page << ", q_len up to " << s.max_q;
 }
+
+class BatchInvarianceDeviceShapes : public CudaAbsorbedTest,
+                                    public ::testing::WithParamInterface<InvarianceShape> {};
+
+TEST_P(BatchInvarianceDeviceShapes, RequestRowsAreBitwiseIndependentOfTheBatch) {
+  const auto [heads, page, max_q] = GetParam();
+  const auto [compared, changed] =
+      count_changed(op_, heads, page, max_q, true, mix_seed(base_seed(), heads * 100 + page));
+  EXPECT_GT(compared, 0);
+  EXPECT_EQ(changed, 0) << "heads " << heads << " page " << page << " max_q " << max_q << ": "
+                        << changed << " of " << compared << " requests changed bits inside a batch";
+}
+
+std::vector<InvarianceShape> invariance_shapes() {
+  std::vector<InvarianceShape> v;
+  for (int heads : {16, 64, 128})
+    for (int page : {1, 64})
+      for (int max_q : {1, 4}) v.push_back({heads, page, max_q});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BatchInvarianceDeviceShapes,
+                         ::testing::ValuesIn(invariance_shapes()),
+                         [](const ::testing::TestParamInfo<InvarianceShape>& i) {
+                           return fmt::format("h{}_p{}_q{}", i.param.heads, i.param.page,
+                                              i.param.max_q);
+                         });
 
 // The control: default plans balance each batch over the grid, so some request's bits change.
 TEST_F(BatchInvarianceDevice, DefaultPlansChangeBitsWithTheBatch) {
