@@ -22,7 +22,8 @@
 #   GPU_BENCH_REPEAT=N: N rounds (default 1): the first runs the benchmark as configured, later
 #   ones the quick decode grid, each followed by every A/B variant's quick grid, so A/B rows of
 #   one run interleave. GPU_BENCH_PAGES (e.g. 1,16,32,64,128) sets the quick decode grids' pages,
-#   GPU_BENCH_INVARIANT=1 adds the decode grid with batch-invariant plans to the first round.
+#   GPU_BENCH_INVARIANT=1 adds the decode grid with batch-invariant plans to the first round
+#   (GPU_AB_INVARIANT=1: each A/B variant's too).
 #   The benchmarks run first, alone on the GPU.
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -76,6 +77,13 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
           timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$dir/mla" bench --device cuda --quick \
           "${pages[@]}" --ops decode --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
           --out "$OUT/h200.jsonl"
+        # GPU_AB_INVARIANT=1 (with GPU_BENCH_INVARIANT=1): round 1 also runs the variant's full
+        # decode grid with batch-invariant plans (planner A/B).
+        if [ "$rep" = 1 ] && [ "${GPU_BENCH_INVARIANT:-0}" = 1 ] && [ "${GPU_AB_INVARIANT:-0}" = 1 ]; then
+          MLA_BENCH_VARIANT="$label" MLA_COMMIT="$(cat "$dir/COMMIT" 2>/dev/null || echo unknown)" \
+            timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$dir/mla" bench --device cuda --batch-invariant \
+            --ops decode --cache-dtype bf16 --out "$OUT/h200.jsonl"
+        fi
       } >> "$OUT/bench_ab.log" 2>&1
     done
   done

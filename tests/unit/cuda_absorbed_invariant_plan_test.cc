@@ -167,24 +167,33 @@ TEST(InvariantPlanControl, DefaultPlansDependOnTheBatch) {
   EXPECT_GT(c.differing, 0);
 }
 
-// The rule itself: tiles of kMaxRows rows, pieces of ceil(n / p) key tiles with
-// p = clamp(ceil(n / (kInvariantSplitTiles x T)), 1, kInvariantMaxPieces), T the request's row
-// tiles.
+// The rule itself: tiles of kMaxRows rows, p pieces of ceil(n / p) key tiles with
+// p = clamp(max(min(2, ceil(n / L)), ceil(n / M)), 1, kInvariantMaxPieces), L and M (plan.h) times
+// T, the request's row tiles.
 TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   using cuda::absorbed::invariant_pieces;
   using cuda::absorbed::kBlockN;
   using cuda::absorbed::kInvariantMaxPieces;
+  using cuda::absorbed::kInvariantPieceTiles;
   using cuda::absorbed::kInvariantSplitTiles;
+  using cuda::absorbed::kInvariantSplitTilesFewRows;
   EXPECT_EQ(invariant_pieces(0), 1);
   EXPECT_EQ(invariant_pieces(kInvariantSplitTiles), 1);
-  EXPECT_EQ(invariant_pieces(kInvariantSplitTiles + 1), 2);
+  EXPECT_EQ(invariant_pieces(kInvariantSplitTiles + 1), 2);  // two above L
+  EXPECT_EQ(invariant_pieces(2 * kInvariantPieceTiles), 2);  // pieces of at most M
+  EXPECT_EQ(invariant_pieces(2 * kInvariantPieceTiles + 1), 3);
   EXPECT_EQ(invariant_pieces(int64_t{1} << 30), kInvariantMaxPieces);
+  // Tiles of at most 16 rows split from L = kInvariantSplitTilesFewRows.
+  EXPECT_EQ(invariant_pieces(kInvariantSplitTilesFewRows, 1, 16), 1);
+  EXPECT_EQ(invariant_pieces(kInvariantSplitTilesFewRows + 1, 1, 16), 2);
+  EXPECT_EQ(invariant_pieces(kInvariantSplitTilesFewRows + 1, 1, 32), 1);
+  // T row tiles: L and M times T.
   EXPECT_EQ(invariant_pieces(2 * kInvariantSplitTiles, 2), 1);
   EXPECT_EQ(invariant_pieces(2 * kInvariantSplitTiles + 1, 2), 2);
-  EXPECT_EQ(invariant_pieces(4 * kInvariantSplitTiles + 1, 4), 2);
-  // One decode request of 16 heads (one row tile) and 3 split lengths + 1 keys: 4 pieces.
+  EXPECT_EQ(invariant_pieces(4 * kInvariantPieceTiles + 1, 2), 3);
+  // One decode request of 16 heads (one row tile) and 3 piece lengths + 1 keys: 4 pieces.
   std::string error;
-  const int32_t kv = 3 * kInvariantSplitTiles * kBlockN + 1;
+  const int32_t kv = 3 * kInvariantPieceTiles * kBlockN + 1;
   const Signature s = plan_and_sign({{1, kv}}, 0, 16, 1, 132, true, &error);
   ASSERT_TRUE(error.empty()) << error;
   EXPECT_EQ(s.rows_per_tile, cuda::absorbed::kMaxRows);
@@ -192,7 +201,7 @@ TEST(InvariantPlan, SplitsByTheRequestsOwnKeys) {
   const TileUnits& t = s.tiles.begin()->second;
   EXPECT_EQ(t.rows, 16);
   EXPECT_TRUE(t.split);
-  const int32_t n = 3 * kInvariantSplitTiles + 1, len = (n + 3) / 4;  // key tiles, per piece
+  const int32_t n = 3 * kInvariantPieceTiles + 1, len = (n + 3) / 4;  // key tiles, per piece
   const std::vector<std::pair<int32_t, int32_t>> want = {{0, len * kBlockN},
                                                          {len * kBlockN, 2 * len * kBlockN},
                                                          {2 * len * kBlockN, 3 * len * kBlockN},
@@ -297,9 +306,9 @@ TEST(InvariantPlan, MostLoadedCtaWithinOnePieceOfTheIdealShare) {
           << "trial " << trial << ", group " << g;
     }
   }
-  // 128 equal decode requests of 4 split lengths, 16 heads: 4 pieces each, 512 pieces on 132
+  // 128 equal decode requests of 4 piece lengths, 16 heads: 4 pieces each, 512 pieces on 132
   // CTAs: at most 4 per CTA.
-  const int32_t kv = 4 * cuda::absorbed::kInvariantSplitTiles * cuda::absorbed::kBlockN;
+  const int32_t kv = 4 * cuda::absorbed::kInvariantPieceTiles * cuda::absorbed::kBlockN;
   const PlacedPlan pl = plan_batch(16, std::vector<Req>(128, Req{1, kv}), 132);
   ASSERT_TRUE(pl.error.empty()) << pl.error;
   int32_t most = 0;

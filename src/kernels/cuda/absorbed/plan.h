@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/cuda/absorbed/traits.h"
 #include "mla/ops.h"
 #include "mla/status.h"
 
@@ -24,18 +25,27 @@ struct PlanLayout {
 
 // Batch-invariant plans (AttnCapacity::batch_invariant): a request's units depend on that
 // request alone. Row tiles of kMaxRows rows (not the batch's longest q_len); the n key tiles a
-// row tile of a request with T row tiles sees are cut into
-// p = clamp(ceil(n / (kInvariantSplitTiles x T)), 1, kInvariantMaxPieces) pieces of ceil(n / p)
-// key tiles (the last one shorter), a split tile's partial slots are consecutive in key order
-// and its combine merges them in that order. Which CTA runs a piece (the only thing the batch
-// decides) does not change the arithmetic. The T: a request of T row tiles has T units per
-// piece (on T groups of CTAs, plan_invariant.cc), so scaling the piece by T keeps the pieces
-// per CTA and the partial bytes per key those of a one-tile request.
-inline constexpr int kInvariantSplitTiles = 64;  // 4096 keys
+// row tile sees are cut into p equal pieces of ceil(n / p) key tiles (the last one shorter),
+//   p = clamp(max(min(2, ceil(n / L)), ceil(n / M)), 1, kInvariantMaxPieces),
+// L = kInvariantSplitTiles x T (kInvariantSplitTilesFewRows x T for a request of at most 16 rows)
+// and M = kInvariantPieceTiles x T, T the request's row tiles: a row tile of more than L key tiles
+// is split in two, and in pieces of at most M key tiles. A split tile's partial slots are
+// consecutive in key order and its combine merges them in that order. Which CTA runs a piece
+// (the only thing the batch decides) does not change the arithmetic. The T: a request of T row
+// tiles has T units per piece (on T groups of CTAs, plan_invariant.cc), so scaling by T keeps the
+// pieces per CTA and the partial bytes per key those of a one-tile request.
+// Why these numbers (docs/design-decisions.md): a piece's partial costs a write and a combine
+// read of rows x 512 fp32, so long requests take pieces of up to 8192 keys (the partial traffic
+// of 64 rows of four 4096-key pieces cost 10 % at 16384 keys); two pieces above L keep batches of
+// varied lengths balanced (whole requests of 2048..4096 keys left the most loaded CTA 1.3x the
+// mean); 16-row tiles, whose partials are a quarter of 64 rows', split from 2048 keys.
+inline constexpr int kInvariantSplitTiles = 64;          // 4096 keys
+inline constexpr int kInvariantSplitTilesFewRows = 32;   // 2048 keys, tiles of <= 16 rows
+inline constexpr int kInvariantPieceTiles = 128;         // 8192 keys
 inline constexpr int kInvariantMaxPieces = 4;
-// The pieces (units) of a row tile that sees n key tiles, of a request with row_tiles row tiles,
-// in a batch-invariant plan.
-int invariant_pieces(int64_t key_tiles, int64_t row_tiles = 1);
+// The pieces (units) of a row tile that sees n key tiles, of a request with row_tiles row tiles
+// of (at most) `rows` rows each, in a batch-invariant plan.
+int invariant_pieces(int64_t key_tiles, int64_t row_tiles = 1, int64_t rows = kMaxRows);
 
 // Sizes depend only on the capacity and the grid.
 PlanLayout plan_layout(const AttnCapacity& cap, int num_ctas);

@@ -1,6 +1,6 @@
 // The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
-// request cut into invariant_pieces(n, T) pieces of ceil(n / pieces) key tiles, a function of the
-// tile's own extent and the request's row tiles T; a split tile's partial slots are consecutive in
+// request cut into invariant_pieces(n, T, rows) pieces of ceil(n / pieces) key tiles, a function
+// of the tile's own extent, the request's row tiles T and its rows per tile; a split tile's partial slots are consecutive in
 // key order, so its combine merges them in key order. Only the placement of the pieces on CTAs
 // depends on the batch, and it changes no arithmetic:
 // - Groups, as in the default plan: when every request has at most G = 2..4 row tiles (128
@@ -186,7 +186,7 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
     for (int64_t r = 0; r < rows; r += in.rows_tile) {
       InvTile t;
       t.ref = tile_of(in, b, q_row, r);
-      t.pieces = invariant_pieces(t.ref.tiles, row_tiles);
+      t.pieces = invariant_pieces(t.ref.tiles, row_tiles, std::min<int64_t>(rows, in.rows_tile));
       t.len = t.pieces > 1 ? (t.ref.tiles + t.pieces - 1) / t.pieces : t.ref.tiles;
       t.first_partial = t.pieces > 1 ? next_partial : -1;
       if (t.pieces > 1) {
