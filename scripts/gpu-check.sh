@@ -27,6 +27,16 @@
 #   The benchmarks run first, alone on the GPU.
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
+# The device tool kills a command at 600 s and then nothing of the summary comes back:
+# GPU_CHECK_BUDGET (default 560) seconds for the whole script; each step's time limit is cut to
+# what is left of it (left_s), so the summary always prints.
+budget="${GPU_CHECK_BUDGET:-560}"
+left_s() {  # left_s WANT RESERVE: min(WANT, budget - elapsed - RESERVE), at least 10
+  local left=$((budget - SECONDS - $2))
+  [ "$left" -gt "$1" ] && left=$1
+  [ "$left" -lt 10 ] && left=10
+  echo "$left"
+}
 carry="${CARRY:-$root/.carry/gpu}"
 OUT="${OUT:-/tmp/mla-gpu-out}"
 mkdir -p "$OUT"
@@ -92,7 +102,7 @@ fi
 
 failed=0
 if [ "${GPU_SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${GPU_TEST_TIMEOUT:-240}" "$tests" --gtest_filter="${GPU_TEST_FILTER:-*}" \
+  timeout "$(left_s "${GPU_TEST_TIMEOUT:-300}" 60)" "$tests" --gtest_filter="${GPU_TEST_FILTER:-*}" \
     > "$OUT/gpu_tests.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' "$OUT/gpu_tests.log")
@@ -126,6 +136,7 @@ fi
 san_pids=()
 if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
   sfilt="${GPU_SANITIZE_FILTER:-*:-*SoakDevice.*}"
+  san_timeout="$(left_s "${GPU_SANITIZE_TIMEOUT:-300}" 40)"
   for tool in ${GPU_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
     extra=()
     shards="${GPU_SANITIZE_SHARDS:-3}"
@@ -141,7 +152,7 @@ if [ "${GPU_SANITIZE_ALL:-0}" = 1 ]; then
       (
         start=$SECONDS
         GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i MLA_NUM_THREADS=2 \
-          timeout -s INT -k 15 "${GPU_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" \
+          timeout -s INT -k 15 "$san_timeout" compute-sanitizer --tool "$tool" \
           "${extra[@]}" --print-limit 100 --error-exitcode 9 "$tests" --gtest_filter="$sfilt" \
           --gtest_brief=0 > "$log" 2>&1
         echo "$? $((SECONDS - start))" > "$log.rc"
@@ -219,7 +230,7 @@ if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
     {
       python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$wheel"
       echo "pip rc=$?"
-      (cd "$root/tests/python" && PYTHONPATH="$site" PYTHONUNBUFFERED=1 timeout "${GPU_PYTEST_TIMEOUT:-240}" \
+      (cd "$root/tests/python" && PYTHONPATH="$site" PYTHONUNBUFFERED=1 timeout "$(left_s "${GPU_PYTEST_TIMEOUT:-240}" 40)" \
         python3 -m pytest -q -p no:cacheprovider -rs ${GPU_PYTEST_ARGS:-})
       echo "pytest rc=$?"
       # Host time of planning a batch-256 decode from Python (issue 9 item 8; a benchmark).
@@ -260,7 +271,7 @@ if [ ${#san_pids[@]} -gt 0 ]; then
       # gtest's last line: "[==========] N tests from M test suites ran. (T ms total)".
       { [ "$rc" -eq 124 ] || [ "$rc" -eq 130 ] || [ "$rc" -eq 137 ] || \
         ! grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$log"; } && \
-        state="TIME LIMIT (${GPU_SANITIZE_TIMEOUT:-300} s)"
+        state="TIME LIMIT ($san_timeout s)"
       { echo "==== compute-sanitizer --tool $tool, shard $i of $shards: rc=$rc, ${s}s"
         cat "$log"; } >> "$OUT/sanitize_all.log"
     done
