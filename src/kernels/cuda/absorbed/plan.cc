@@ -462,7 +462,8 @@ int invariant_pieces(int64_t key_tiles, int64_t row_tiles, int64_t rows) {
   const int64_t split = (rows <= 16 ? kInvariantSplitTilesFewRows : kInvariantSplitTiles) * t;
   const int64_t piece = kInvariantPieceTiles * t;
   const int64_t n = std::max<int64_t>(key_tiles, 0);
-  const int64_t p = std::max(std::min<int64_t>(2, (n + split - 1) / split), (n + piece - 1) / piece);
+  const int64_t p =
+      std::max(std::min<int64_t>(2, (n + split - 1) / split), (n + piece - 1) / piece);
   return static_cast<int>(std::clamp<int64_t>(p, 1, kInvariantMaxPieces));
 }
 

@@ -39,9 +39,9 @@ struct PlanLayout {
 // of 64 rows of four 4096-key pieces cost 10 % at 16384 keys); two pieces above L keep batches of
 // varied lengths balanced (whole requests of 2048..4096 keys left the most loaded CTA 1.3x the
 // mean); 16-row tiles, whose partials are a quarter of 64 rows', split from 2048 keys.
-inline constexpr int kInvariantSplitTiles = 64;          // 4096 keys
-inline constexpr int kInvariantSplitTilesFewRows = 32;   // 2048 keys, tiles of <= 16 rows
-inline constexpr int kInvariantPieceTiles = 128;         // 8192 keys
+inline constexpr int kInvariantSplitTiles = 64;         // 4096 keys
+inline constexpr int kInvariantSplitTilesFewRows = 32;  // 2048 keys, tiles of <= 16 rows
+inline constexpr int kInvariantPieceTiles = 128;        // 8192 keys
 inline constexpr int kInvariantMaxPieces = 4;
 // The pieces (units) of a row tile that sees n key tiles, of a request with row_tiles row tiles
 // of (at most) `rows` rows each, in a batch-invariant plan.

@@ -1,8 +1,8 @@
 // The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
 // request cut into invariant_pieces(n, T, rows) pieces of ceil(n / pieces) key tiles, a function
-// of the tile's own extent, the request's row tiles T and its rows per tile; a split tile's partial slots are consecutive in
-// key order, so its combine merges them in key order. Only the placement of the pieces on CTAs
-// depends on the batch, and it changes no arithmetic:
+// of the tile's own extent, the request's row tiles T and its rows per tile; a split tile's partial
+// slots are consecutive in key order, so its combine merges them in key order. Only the placement
+// of the pieces on CTAs depends on the batch, and it changes no arithmetic:
 // - Groups, as in the default plan: when every request has at most G = 2..4 row tiles (128
 //   heads, or heads x q_len > 64), the grid splits into G groups of num_ctas / G CTAs and row
 //   tile r of a request runs in group r, on the CTA and at the position that piece k of its
