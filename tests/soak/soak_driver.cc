@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "mla/backend.h"
 #include "mla/kv_pool.h"
@@ -34,13 +36,46 @@ std::size_t heap_in_use() {
 #endif
 }
 
-std::size_t resident_bytes() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
+// RssAnon and RssFile of /proc/self/status, in bytes.
+struct Resident {
+  std::size_t anon = 0, file = 0;
+};
+Resident resident_bytes() {
+  Resident r;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line.c_str(), "RssAnon: %llu kB", &kb) == 1) r.anon = kb * 1024;
+    if (std::sscanf(line.c_str(), "RssFile: %llu kB", &kb) == 1) r.file = kb * 1024;
   }
-  return static_cast<std::size_t>(resident) * 4096;
+  return r;
+}
+
+// Resident bytes per mapping name of /proc/self/smaps (unnamed mappings summed as "[anon]").
+std::map<std::string, std::size_t> resident_by_mapping() {
+  std::map<std::string, std::size_t> out;
+  std::ifstream in("/proc/self/smaps");
+  std::string line, name;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string first;
+    fields >> first;
+    if (first.empty()) continue;
+    if (first.back() == ':') {  // "Rss:   123 kB" and the other fields of the mapping above
+      unsigned long long kb = 0;
+      if (first == "Rss:" && (fields >> kb)) out[name] += kb * 1024;
+      continue;
+    }
+    // A mapping's header: "start-end perms offset dev inode [path]".
+    std::string skip;
+    for (int i = 0; i < 4; ++i) fields >> skip;
+    std::string path;
+    std::getline(fields, path);
+    const auto at = path.find_first_not_of(' ');
+    name = at == std::string::npos ? "[anon]" : path.substr(at);
+  }
+  return out;
 }
 
 int graph_bucket(int bs, int max_bs) {
@@ -195,9 +230,14 @@ void soak(const std::string& backend_name, Device device, int num_requests,
     ASSERT_TRUE(s.ok()) << s.to_string();
     if (step->index % kSampleEvery == 0) {
       out->heap.push_back(heap_in_use());
-      out->rss.push_back(resident_bytes());
+      const Resident res = resident_bytes();
+      out->rss.push_back(res.anon);
+      out->rss_file.push_back(res.file);
+      const std::size_t n = out->rss.size();
+      if ((n & (n - 1)) == 0) out->smaps[n - 1] = resident_by_mapping();
     }
   }
+  if (!out->rss.empty()) out->smaps[out->rss.size() - 1] = resident_by_mapping();
   out->steps = (*sched)->stats().steps;
   out->requests = (*sched)->stats().finished;
   out->prefix_hits = (*sched)->stats().prefix_hits;
@@ -231,11 +271,36 @@ void expect_soak_clean(const std::string& what, const SoakResult& r, int num_req
   const std::size_t late_heap = *std::max_element(r.heap.begin() + warm, r.heap.end());
   const std::size_t warm_rss = *std::max_element(r.rss.begin(), r.rss.begin() + warm);
   const std::size_t late_rss = *std::max_element(r.rss.begin() + warm, r.rss.end());
+  const std::size_t warm_file = *std::max_element(r.rss_file.begin(), r.rss_file.begin() + warm);
+  const std::size_t late_file = *std::max_element(r.rss_file.begin() + warm, r.rss_file.end());
   EXPECT_LE(late_heap, warm_heap + (1u << 20))
       << "heap in use grew after warm-up: " << warm_heap << " -> " << late_heap << " bytes";
   if (check_rss) {
     EXPECT_LE(late_rss, warm_rss + (16u << 20))
-        << "resident memory grew after warm-up: " << warm_rss << " -> " << late_rss << " bytes";
+        << "anonymous resident memory grew after warm-up: " << warm_rss << " -> " << late_rss
+        << " bytes";
+  }
+  if (late_rss > warm_rss + (4u << 20) || late_file > warm_file + (4u << 20)) {
+    // Where it grew: the mappings of the last smaps snapshot taken within the warm-up against
+    // the final one, the five that grew most.
+    auto first = r.smaps.upper_bound(warm);
+    if (first != r.smaps.begin()) --first;
+    const auto& before = first->second;
+    const auto& after = r.smaps.rbegin()->second;
+    std::vector<std::pair<int64_t, std::string>> grown;
+    for (const auto& [name, bytes] : after) {
+      const auto it = before.find(name);
+      const int64_t delta =
+          static_cast<int64_t>(bytes) - (it == before.end() ? 0 : static_cast<int64_t>(it->second));
+      if (delta > 0) grown.emplace_back(delta, name);
+    }
+    std::sort(grown.rbegin(), grown.rend());
+    std::printf("soak %s: resident memory grew between samples %zu and %zu; most grown mappings:\n",
+                what.c_str(), first->first, r.smaps.rbegin()->first);
+    for (std::size_t i = 0; i < grown.size() && i < 5; ++i) {
+      std::printf("soak %s:   +%.1f MiB %s\n", what.c_str(), grown[i].first / 1048576.0,
+                  grown[i].second.c_str());
+    }
   }
   std::string modes;
   for (const auto& [m, n] : r.batches) modes += fmt::format(" {} {}", m, n);
@@ -244,12 +309,14 @@ void expect_soak_clean(const std::string& what, const SoakResult& r, int num_req
   std::printf(
       "soak %s: %lld requests, %lld steps (layers on %lld), %lld checks (max rel err %.2e), "
       "%lld graph replays, %lld prefix hits;%s; heap in use warm %.1f MiB, after %.1f MiB; "
-      "resident warm %.1f MiB, after %.1f MiB; leaked pages %lld; %.1f s\n",
+      "resident anonymous warm %.1f MiB, after %.1f MiB (file-backed %.1f -> %.1f MiB); "
+      "leaked pages %lld; %.1f s\n",
       what.c_str(), static_cast<long long>(r.requests), static_cast<long long>(r.steps),
       static_cast<long long>(r.layer_steps), static_cast<long long>(r.checks), r.max_rel_err,
       static_cast<long long>(r.graph_replays), static_cast<long long>(r.prefix_hits), modes.c_str(),
       warm_heap / 1048576.0, late_heap / 1048576.0, warm_rss / 1048576.0, late_rss / 1048576.0,
-      static_cast<long long>(r.leaked_pages), seconds);
+      warm_file / 1048576.0, late_file / 1048576.0, static_cast<long long>(r.leaked_pages),
+      seconds);
 }
 
 }  // namespace mla::testing

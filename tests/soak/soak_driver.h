@@ -8,7 +8,12 @@
 //   - every KV page is free again (zero leaked pages) and every request row can be allocated;
 //   - once the pool, the backends and the layers are gone, the ledger is back at its baseline;
 //   - the heap in use did not grow after warm-up (live heap bytes: the sanitizer allocator's
-//     count under ASan, glibc's mallinfo2 otherwise), nor (when asked) resident memory.
+//     count under ASan, glibc's mallinfo2 otherwise), nor (when asked) anonymous resident memory
+//     (RssAnon: what the process allocated, by malloc, mmap or the CUDA driver; file-backed
+//     resident pages, such as the parts of libcublasLt's kernel images read when a new GEMM
+//     shape first runs, are reported but not a leak). When resident memory grew, the mappings
+//     that grew most are printed (/proc/self/smaps between a sample taken in the warm-up and
+//     the last).
 #pragma once
 
 #include <cstddef>
@@ -45,7 +50,10 @@ struct SoakResult {
   double max_rel_err = 0;
   int64_t leaked_pages = -1;
   int free_rows = 0;
-  std::vector<std::size_t> heap, rss;  // sampled every kSampleEvery steps
+  std::vector<std::size_t> heap, rss, rss_file;  // sampled every kSampleEvery steps
+  // /proc/self/smaps resident bytes per mapping name ("[anon]" for unnamed ones), taken at the
+  // samples numbered by powers of two and at the last: where resident memory grew.
+  std::map<std::size_t, std::map<std::string, std::size_t>> smaps;
   std::map<std::string, int64_t> batches;
   std::set<std::string> check_modes;  // batch modes a reference check ran on
   int64_t graph_replays = 0, prefix_hits = 0, drafts = 0;
