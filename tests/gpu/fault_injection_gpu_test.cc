@@ -32,6 +32,7 @@ struct Scenario {
 };
 
 std::string name_of(const Scenario& s) { return s.backend + (s.graph ? "_graph" : ""); }
+void PrintTo(const Scenario& s, std::ostream* os) { *os << name_of(s); }
 
 cli::RunConfig config_of(const Scenario& s, bool check) {
   cli::RunConfig c;
