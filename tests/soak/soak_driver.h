@@ -52,8 +52,10 @@ struct SoakResult {
   int free_rows = 0;
   std::vector<std::size_t> heap, rss, rss_file;  // sampled every kSampleEvery steps
   // /proc/self/smaps resident bytes per mapping name ("[anon]" for unnamed ones), taken at the
-  // samples numbered by powers of two and at the last: where resident memory grew.
+  // samples numbered by powers of two, at the last and at each new peak of anonymous resident
+  // memory after the first 16 (the last such is peak_sample): where resident memory grew.
   std::map<std::size_t, std::map<std::string, std::size_t>> smaps;
+  std::size_t peak_sample = 0;  // the sample of the most anonymous resident memory (in smaps)
   std::map<std::string, int64_t> batches;
   std::set<std::string> check_modes;  // batch modes a reference check ran on
   int64_t graph_replays = 0, prefix_hits = 0, drafts = 0;
