@@ -2,11 +2,13 @@
 // built and tested in every configuration, GPU or not. Coverage (every (row, key) the causal mask
 // allows is planned exactly once), combines, partial bounds, balance over the persistent grid,
 // capacity errors, deterministic re-planning (allocations per plan: bench/planning_bench.cc), and
-// plans byte-identical to the planner before its rewrite (a copy kept here as the reference).
+// the balance bound the plans keep (the most loaded CTA against the ideal share of the problem).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <new>
@@ -28,271 +30,6 @@ namespace {
 using cuda::absorbed::CombineUnit;
 using cuda::absorbed::PlanHeader;
 using cuda::absorbed::WorkUnit;
-
-// The planner as of commit 25ee00c (before the single-pass rewrite), kept as it was but for its
-// name and a non-thread_local scratch: the reference the current planner must match byte for
-// byte (header, CTA begins, units and combines).
-namespace reference {
-using namespace ::mla::cuda::absorbed;
-
-constexpr int64_t kUnitCost = 1;
-// Never cut a piece shorter than 2 key tiles (128 keys): a split costs a partial write and a
-// combine read of 64 x 512 fp32, the traffic of about two key tiles.
-constexpr int64_t kMinPieceTiles = 2;
-
-struct Tile {
-  int32_t request;
-  int32_t q_row_begin;
-  int32_t num_rows;
-  int32_t row_in_req;
-  int32_t kv_extent;  // keys the tile's last row sees
-  int64_t tiles;      // key tiles
-};
-
-struct Piece {
-  int64_t begin_tile, end_tile;
-  int cta;
-};
-
-// Reusable vectors of one planning thread (clear() keeps their capacity).
-struct PlanScratch {
-  std::vector<Tile> tiles;
-  std::vector<int32_t> first_tile;  // tiles of request b: [first_tile[b], first_tile[b + 1])
-  std::vector<int64_t> item_tiles;
-  std::vector<Piece> pieces;
-  std::vector<int32_t> piece_begin;  // pieces of item i: [piece_begin[i], piece_begin[i + 1])
-  std::vector<int32_t> cta_begin;    // [num_ctas + 1]
-  std::vector<CombineUnit> combines;
-
-  void reset(int bs, int num_ctas) {
-    tiles.clear();
-    first_tile.assign(static_cast<std::size_t>(bs) + 1, 0);
-    item_tiles.clear();
-    pieces.clear();
-    cta_begin.resize(static_cast<std::size_t>(num_ctas) + 1);
-    combines.clear();
-  }
-};
-
-StatusOr<std::size_t> reference_build_plan(const AbsorbedProblem& p, const AttnCapacity& cap,
-                                           int num_ctas, std::span<std::byte> host_plan) {
-  const int bs = static_cast<int>(p.req_rows.size());
-  MLA_CHECK_ARG(num_ctas > 0, "num_ctas = {} must be positive", num_ctas);
-  MLA_CHECK_ARG(is_supported_head_count(p.num_heads), "num_heads = {} (supported: 16, 32, 64, 128)",
-                p.num_heads);
-  MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
-                "num_heads = {} differs from the capacity's num_heads = {}", p.num_heads,
-                cap.num_heads);
-  MLA_CHECK_ARG(is_supported_page_size(p.page_size),
-                "page_size = {} (supported: 1, 16, 32, 64, 128)", p.page_size);
-  MLA_CHECK_ARG(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
-                "req_rows / q_lens / kv_lens sizes differ: {} / {} / {}", p.req_rows.size(),
-                p.q_lens.size(), p.kv_lens.size());
-  MLA_CHECK_ARG(bs <= cap.max_batch, "batch size {} exceeds capacity max_batch = {}", bs,
-                cap.max_batch);
-  const PlanLayout layout = plan_layout(cap, num_ctas);
-  MLA_CHECK_ARG(host_plan.size() >= layout.bytes, "host_plan holds {} bytes, the plan needs {}",
-                host_plan.size(), layout.bytes);
-
-  int64_t q_tokens = 0;
-  int max_q_len = 1;
-  for (int b = 0; b < bs; ++b) {
-    const int32_t ql = p.q_lens[b], kl = p.kv_lens[b];
-    MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
-                  kl);
-    MLA_CHECK_ARG(!p.causal || kl == 0 || kl >= ql,
-                  "causal: kv_lens[{}] = {} is below q_lens[{}] = {}", b, kl, b, ql);
-    MLA_CHECK_ARG(p.req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, p.req_rows[b]);
-    q_tokens += ql;
-    max_q_len = std::max(max_q_len, static_cast<int>(ql));
-  }
-  MLA_CHECK_ARG(q_tokens <= cap.max_q_tokens, "sum(q_lens) = {} exceeds capacity max_q_tokens = {}",
-                q_tokens, cap.max_q_tokens);
-
-  const int heads = p.num_heads;
-  const int heads_log2 = std::countr_zero(static_cast<unsigned>(heads));  // a power of two
-  const int rows_tile = rows_per_tile(heads, max_q_len);
-
-  // Scratch reused across plans on this thread: after the first plans of the largest batch,
-  // planning allocates nothing (a serving loop plans every step).
-  PlanScratch scratch;
-  PlanScratch& s = scratch;
-  s.reset(bs, num_ctas);
-
-  // Row tiles: consecutive flat rows (token * H + head) of one request.
-  int64_t q_row = 0;
-  int max_tiles_per_req = 0;
-  for (int b = 0; b < bs; ++b) {
-    s.first_tile[b] = static_cast<int32_t>(s.tiles.size());
-    const int64_t rows = int64_t{p.q_lens[b]} * heads;
-    for (int64_t r = 0; r < rows; r += rows_tile) {
-      Tile t;
-      t.request = b;
-      t.q_row_begin = static_cast<int32_t>(q_row + r);
-      t.num_rows = static_cast<int32_t>(std::min<int64_t>(rows_tile, rows - r));
-      t.row_in_req = static_cast<int32_t>(r);
-      const int32_t last_query = (t.row_in_req + t.num_rows - 1) >> heads_log2;
-      const int32_t kl = p.kv_lens[b];
-      t.kv_extent = p.causal && kl > 0 ? kl - p.q_lens[b] + last_query + 1 : kl;
-      t.tiles = (t.kv_extent + kBlockN - 1) / kBlockN;
-      s.tiles.push_back(t);
-    }
-    max_tiles_per_req =
-        std::max(max_tiles_per_req, static_cast<int>(s.tiles.size()) - s.first_tile[b]);
-    q_row += rows;
-  }
-  s.first_tile[bs] = static_cast<int32_t>(s.tiles.size());
-  const std::vector<Tile>& tiles = s.tiles;
-  const std::vector<int32_t>& first_tile = s.first_tile;
-
-  // Grouped schedule when a request has 2-4 row tiles (128 heads, or heads x q_len > 64): the
-  // grid splits into one group of CTAs per row tile, all groups following the same key schedule,
-  // so the row tiles of a request read the same keys at the same time and share them in L2
-  // (otherwise 128-head decode reads the cache twice from DRAM: 2 x 1152 B per key).
-  const int groups =
-      max_tiles_per_req >= 2 && max_tiles_per_req <= 4 && num_ctas >= 2 * max_tiles_per_req
-          ? max_tiles_per_req
-          : 1;
-  const int ctas_per_group = num_ctas / groups;
-  // Items cut across one group's CTAs: requests (grouped) or row tiles (ungrouped).
-  std::vector<int64_t>& item_tiles = s.item_tiles;
-  if (groups > 1) {
-    for (int b = 0; b < bs; ++b) {
-      int64_t n = 0;
-      for (int i = first_tile[b]; i < first_tile[b + 1]; ++i) n = std::max(n, tiles[i].tiles);
-      item_tiles.push_back(first_tile[b + 1] > first_tile[b] ? n : -1);  // -1: no rows
-    }
-  } else {
-    for (const Tile& t : tiles) item_tiles.push_back(t.tiles);
-  }
-  int64_t total_cost = 0;
-  for (int64_t n : item_tiles) total_cost += n >= 0 ? n + kUnitCost : 0;
-
-  // 1. Contiguous cutting of the flattened (item, key tile) list into equal shares, once for
-  // all groups. Each CTA's share is re-derived from the work still unassigned, so pieces left
-  // unused by the no-tiny-piece rule spread over the remaining CTAs instead of piling up on the
-  // last one. Pieces of item i: pieces[piece_begin[i] .. piece_begin[i + 1]), CTAs ascending.
-  int64_t unassigned = total_cost;
-  const auto share = [&](int c) {
-    const int64_t left_ctas = ctas_per_group - c;
-    return std::max<int64_t>((unassigned + left_ctas - 1) / left_ctas, kMinPieceTiles + kUnitCost);
-  };
-  int cta = 0;
-  int64_t room = share(0);
-  std::vector<Piece>& pieces = s.pieces;
-  std::vector<int32_t>& piece_begin = s.piece_begin;
-  const std::size_t num_items = item_tiles.size();
-  piece_begin.resize(num_items + 1);
-  for (std::size_t item = 0; item < num_items; ++item) {
-    piece_begin[item] = static_cast<int32_t>(pieces.size());
-    const int64_t n_tiles = item_tiles[item];
-    if (n_tiles < 0) continue;
-    int64_t begin = 0;
-    while (true) {
-      const int64_t left = n_tiles - begin;
-      // Slack of kMinPieceTiles: overfill a little rather than leave a tiny piece behind.
-      if (cta == ctas_per_group - 1 || left + kUnitCost <= room + kMinPieceTiles) {
-        pieces.push_back({begin, n_tiles, cta});
-        room -= left + kUnitCost;
-        unassigned -= left + kUnitCost;
-        break;
-      }
-      const int64_t take = room - kUnitCost;
-      if (take >= kMinPieceTiles && left - take >= kMinPieceTiles) {
-        pieces.push_back({begin, begin + take, cta});
-        begin += take;
-        unassigned -= take;  // the item's unit cost leaves with its last piece
-      }
-      ++cta;
-      room = share(cta);
-    }
-    if (room <= 0 && cta < ctas_per_group - 1) {
-      ++cta;
-      room = share(cta);
-    }
-  }
-  piece_begin[num_items] = static_cast<int32_t>(pieces.size());
-
-  // 2. Units written in place, group by group: group g owns CTAs [g * ctas_per_group, ...) and
-  // its pieces come in ascending CTA order, so the output is CTA-major with no sorting pass.
-  // A tile cut into several pieces writes partial slots that one combine merges. Each unit is
-  // bounds-checked as it is written (the layout's max_units bounds them; exceeding it is a bug).
-  std::byte* base = host_plan.data();
-  auto* units_out = reinterpret_cast<WorkUnit*>(base + layout.units_offset);
-  std::vector<int32_t>& cta_begin = s.cta_begin;  // [num_ctas + 1]
-  std::vector<CombineUnit>& combines = s.combines;
-  int32_t num_units = 0;
-  int32_t next_partial = 0;
-  int next_cta = 0;  // CTAs before next_cta have their begin written
-  for (int g = 0; g < groups; ++g) {
-    const int cta0 = g * ctas_per_group;
-    for (std::size_t item = 0; item < num_items; ++item) {
-      const int tile_index = groups > 1 ? first_tile[item] + g : static_cast<int>(item);
-      if (groups > 1 && tile_index >= first_tile[item + 1]) continue;
-      const int32_t pb = piece_begin[item], pe = piece_begin[item + 1];
-      if (pb == pe) continue;
-      const Tile& t = tiles[static_cast<std::size_t>(tile_index)];
-      const bool split = pe - pb > 1;
-      if (split) combines.push_back({t.q_row_begin, t.num_rows, next_partial, pe - pb});
-      for (int32_t k = pb; k < pe; ++k) {
-        const Piece& pc = pieces[static_cast<std::size_t>(k)];
-        const int owner = cta0 + pc.cta;
-        while (next_cta <= owner) cta_begin[next_cta++] = num_units;
-        if (num_units >= layout.max_units) [[unlikely]] {
-          return internal_error("absorbed plan overflow: more than {} units", layout.max_units);
-        }
-        // Constructed in place, field by field: building a local and copying it out made every
-        // unit wait on a store-to-load forwarding stall (a third of the planner's time).
-        WorkUnit* u = ::new (static_cast<void*>(units_out + num_units++)) WorkUnit;
-        u->pool_row = p.req_rows[t.request];
-        u->q_row_begin = t.q_row_begin;
-        u->num_rows = t.num_rows;
-        u->row_in_req = t.row_in_req;
-        u->q_len = p.q_lens[t.request];
-        u->kv_len = p.kv_lens[t.request];
-        const int32_t kv_begin =
-            static_cast<int32_t>(std::min<int64_t>(pc.begin_tile, t.tiles) * kBlockN);
-        const int32_t kv_end =
-            static_cast<int32_t>(std::min<int64_t>(pc.end_tile * kBlockN, t.kv_extent));
-        u->kv_begin = kv_begin;
-        u->kv_end = std::max(kv_end, kv_begin);
-        u->partial = split ? next_partial++ : -1;
-        u->reserved[0] = u->reserved[1] = u->reserved[2] = 0;
-      }
-    }
-  }
-  while (next_cta <= num_ctas) cta_begin[next_cta++] = num_units;
-  if (static_cast<int64_t>(combines.size()) > layout.max_combines ||
-      next_partial > max_partials(num_ctas)) {
-    return internal_error("absorbed plan overflow: {} combines (max {}), {} partials (max {})",
-                          combines.size(), layout.max_combines, next_partial,
-                          max_partials(num_ctas));
-  }
-
-  PlanHeader h{};
-  h.num_ctas = num_ctas;
-  h.rows_per_tile = rows_tile;
-  h.num_units = static_cast<int32_t>(num_units);
-  h.num_combines = static_cast<int32_t>(combines.size());
-  h.num_heads = heads;
-  h.page_size = p.page_size;
-  h.causal = p.causal ? 1 : 0;
-  h.num_partials = next_partial;
-  h.cta_begin_offset = static_cast<int32_t>(layout.cta_begin_offset);
-  h.units_offset = static_cast<int32_t>(layout.units_offset);
-  h.combines_offset = static_cast<int32_t>(layout.combines_offset);
-  h.tma_box_rows = p.page_size >= 64 ? 64 : 0;  // the chooser's load path (added later)
-  std::memcpy(base, &h, sizeof(h));
-  std::memcpy(base + layout.cta_begin_offset, cta_begin.data(), sizeof(int32_t) * cta_begin.size());
-  if (!combines.empty()) {  // memcpy from an empty vector's null data() is undefined
-    std::memcpy(base + layout.combines_offset, combines.data(),
-                sizeof(CombineUnit) * combines.size());
-  }
-  // Bytes through the last combine written: the upload can stop there.
-  return layout.combines_offset + sizeof(CombineUnit) * combines.size();
-}
-
-}  // namespace reference
 
 struct Batch {
   std::vector<int32_t> rows, q_lens, kv_lens;
@@ -531,34 +268,53 @@ Batch random_shaped_batch(Rng& rng, int bs, bool causal) {
   return b;
 }
 
-// The reference splits every decode batch to fill all CTAs; the planner places a decode batch
-// of no more requests than CTAs (per group), each within 1/16 of the ideal share, whole: one
-// unit per request on CTAs 0, 1, ... of each group, nothing split (plan.cc, place_whole). Such a
-// plan may differ from the reference's; its most loaded CTA is then within 1/16 of the
-// reference's. Returns whether `got` is the same plan or such a placement (counted in *whole).
-bool same_or_whole(const PlanContent& got, const PlanContent& want, int* whole) {
-  if (got == want) return true;
-  const PlanHeader& h = got.header;
-  if (h.num_combines != 0 || h.num_partials != 0) return false;
-  std::vector<WorkUnit> units(got.units.size() / sizeof(WorkUnit));
-  if (!units.empty()) std::memcpy(units.data(), got.units.data(), got.units.size());
-  for (int c = 0; c < h.num_ctas; ++c) {
-    if (got.cta_begin[c + 1] - got.cta_begin[c] > 1) return false;
+// The ideal share of the plan's cost model: items (a request's row tiles in step on groups of
+// CTAs when the planner groups them, else each row tile) of key tiles + kUnitCost, spread evenly
+// over one group's CTAs. Derived from the problem, as the planner must balance it.
+double ideal_share(const AbsorbedProblem& p, int rows_tile, int ctas) {
+  const int bs = static_cast<int>(p.q_lens.size());
+  const int heads_log2 = std::countr_zero(static_cast<unsigned>(p.num_heads));
+  int64_t max_tiles = 0;
+  for (int b = 0; b < bs; ++b) {
+    max_tiles = std::max<int64_t>(max_tiles,
+                                  (int64_t{p.q_lens[b]} * p.num_heads + rows_tile - 1) / rows_tile);
   }
-  for (const WorkUnit& u : units) {
-    if (u.kv_begin != 0 || u.kv_end != u.kv_len || u.partial != -1) return false;
+  const int groups =
+      max_tiles >= 2 && max_tiles <= 4 && ctas >= 2 * max_tiles ? static_cast<int>(max_tiles) : 1;
+  int64_t total = 0;
+  for (int b = 0; b < bs; ++b) {
+    const int32_t ql = p.q_lens[b], kl = p.kv_lens[b];
+    const int64_t rows = int64_t{ql} * p.num_heads;
+    int64_t longest = 0;
+    for (int64_t r = 0; r < rows; r += rows_tile) {
+      const int64_t last_query = (std::min<int64_t>(r + rows_tile, rows) - 1) >> heads_log2;
+      const int64_t extent = p.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
+      const int64_t cost = (extent + cuda::absorbed::kBlockN - 1) / cuda::absorbed::kBlockN + 1;
+      if (groups > 1) {
+        longest = std::max(longest, cost);
+      } else {
+        total += cost;
+      }
+    }
+    total += longest;
   }
-  if (max_cta_cost(got) * 16 > (max_cta_cost(want) + 1) * 17) return false;
-  ++*whole;
-  return true;
+  return static_cast<double>(total) / (ctas / groups);
 }
 
-// The planner writes the same plan as the reference (the planner of 25ee00c) on thousands of
-// random batches of every shape, grid and head count, so the schedule (and the max per-CTA cost
-// the kernel's time follows) is unchanged; errors carry the same message.
-TEST(AbsorbedPlan, MatchesTheReferencePlannerByteForByte) {
+// The stated balance bound of the default plans: the most loaded CTA within 10 % of the ideal
+// share, plus 5 key tiles (a CTA's share is at least 3, a piece of at least 2 key tiles plus its
+// unit cost, and a CTA may take 2 key tiles over its share rather than leave a shorter piece
+// behind). Grouped batches dealt whole stay within share + share / 16 (plan.cc).
+bool within_balance_bound(int64_t worst, double ideal) { return worst <= ideal * 1.1 + 5; }
+
+// Thousands of random batches of every shape (decode, verify, mixed, long prefixes; some empty
+// requests), grids of 1-300 CTAs, 16-128 heads, causal or not, tight capacities: every plan
+// covers every (row, key) the mask allows exactly once with its combines (check_absorbed_plan),
+// keeps the most loaded CTA within the balance bound, and a rejected problem names its field.
+TEST(AbsorbedPlan, RandomBatchesAreCoveredOnceWithinTheBalanceBound) {
   Rng rng(mix_seed(base_seed(), 53));
-  int compared = 0, errors = 0, whole = 0;
+  int planned = 0, errors = 0, whole = 0;
+  double worst_excess = 0;
   for (int iter = 0; iter < 6000; ++iter) {
     const int heads = 16 << rng.uniform_int(0, 3);
     const int pick = static_cast<int>(rng.uniform_int(0, 5));
@@ -571,41 +327,59 @@ TEST(AbsorbedPlan, MatchesTheReferencePlannerByteForByte) {
     const Batch b = random_shaped_batch(rng, bs, causal);
     int64_t tokens = 0;
     for (int32_t q : b.q_lens) tokens += q;
-    // Mostly a capacity that fits; sometimes a tight one (unit overflow, a capacity error) or
-    // one without num_heads.
     AttnCapacity cap{bs + static_cast<int>(rng.uniform_int(0, 4)), tokens + rng.uniform_int(0, 9),
                      0, 8, heads};
     if (rng.uniform_int(0, 40) == 0) cap.num_heads = 0;
     if (rng.uniform_int(0, 60) == 0) cap.max_q_tokens = std::max<int64_t>(tokens - 1, 0);
     AbsorbedProblem p{heads, 64, causal, b.rows, b.q_lens, b.kv_lens};
-    const auto layout = cuda::absorbed::plan_layout(cap, ctas);
-    std::vector<std::byte> got(layout.bytes, std::byte{0}), want(layout.bytes, std::byte{0});
-    auto g = cuda::absorbed::build_plan(p, cap, ctas, got);
-    auto w = reference::reference_build_plan(p, cap, ctas, want);
-    ASSERT_EQ(g.ok(), w.ok()) << "iter " << iter << ": " << (g.ok() ? w : g).status().to_string();
-    if (!w.ok()) {
-      EXPECT_EQ(g.status().to_string(), w.status().to_string()) << "iter " << iter;
+    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes, std::byte{0});
+    auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
+    if (!used.ok()) {
+      ASSERT_GT(tokens, cap.max_q_tokens) << used.status().to_string();
+      EXPECT_NE(used.status().message().find("max_q_tokens"), std::string::npos)
+          << used.status().to_string();
       ++errors;
       continue;
     }
-    const PlanContent cg = content_of(got, *g), cw = content_of(want, *w);
-    ASSERT_TRUE(same_or_whole(cg, cw, &whole))
-        << "iter " << iter << ": heads " << heads << " ctas " << ctas << " bs " << bs << " causal "
-        << causal << ": units " << cg.header.num_units << " vs " << cw.header.num_units
-        << ", combines " << cg.header.num_combines << " vs " << cw.header.num_combines
-        << ", max CTA cost " << max_cta_cost(cg) << " vs " << max_cta_cost(cw);
-    ++compared;
+    ASSERT_EQ(fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap), "") << "iter " << iter;
+    const PlanContent c = content_of(plan, *used);
+    const double ideal = ideal_share(p, c.header.rows_per_tile, ctas);
+    const int64_t worst = max_cta_cost(c);
+    EXPECT_TRUE(within_balance_bound(worst, ideal))
+        << "iter " << iter << ": heads " << heads << " ctas " << ctas << " bs " << bs
+        << ": most loaded CTA " << worst << " key tiles, ideal share " << ideal;
+    worst_excess = std::max(worst_excess, worst - ideal);
+    whole += c.header.num_units > 0 && c.header.num_combines == 0 ? 1 : 0;
+    ++planned;
   }
-  EXPECT_GT(compared, 5000);
-  EXPECT_LT(whole, compared / 10);  // mostly the reference's plans
-  EXPECT_GT(errors, 0);             // the error paths were compared too
+  EXPECT_GT(planned, 5000);
+  EXPECT_GT(errors, 0);  // the capacity error path was taken too
+  EXPECT_GT(whole, 0);
+  std::printf(
+      "%d plans (%d without splits), %d rejected; worst CTA at most %.1f key tiles over "
+      "the ideal share\n",
+      planned, whole, errors, worst_excess);
 }
 
 // Decode batches of the benchmark's shape (s_q 1, s_k in [s/2, s]) at batch 1-256, 16-128 heads,
-// 132 CTAs: the same plans as the reference, whose balance the GPU kernel was tuned on.
-TEST(AbsorbedPlan, DecodeBatchesMatchTheReference) {
+// 132 CTAs, and speculative verify / mixed batches (q_len 2-8) on 132 or 1-12 CTAs: covered
+// once, within the balance bound. Each path of the planner: whole placement, the contiguous cut
+// of requests or of row tiles, grouped requests cut or dealt whole.
+TEST(AbsorbedPlan, ServingShapesAreCoveredOnceWithinTheBalanceBound) {
   Rng rng(mix_seed(base_seed(), 59));
-  int whole = 0;
+  int planned = 0;
+  const auto check = [&](const AbsorbedProblem& p, const AttnCapacity& cap, int ctas) {
+    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
+    auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
+    ASSERT_TRUE(used.ok()) << used.status().to_string();
+    ASSERT_EQ(fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap), "");
+    const PlanContent c = content_of(plan, *used);
+    const double ideal = ideal_share(p, c.header.rows_per_tile, ctas);
+    EXPECT_TRUE(within_balance_bound(max_cta_cost(c), ideal))
+        << "heads " << p.num_heads << " bs " << p.q_lens.size() << " ctas " << ctas
+        << ": most loaded CTA " << max_cta_cost(c) << ", ideal share " << ideal;
+    ++planned;
+  };
   for (int heads : {16, 32, 64, 128}) {
     for (int bs : {1, 2, 7, 64, 131, 132, 133, 256}) {
       for (int max_kv : {64, 1024, 8192, 65536}) {
@@ -614,37 +388,17 @@ TEST(AbsorbedPlan, DecodeBatchesMatchTheReference) {
           rows.push_back(i + 1);
           kv.push_back(static_cast<int32_t>(rng.uniform_int(max_kv / 2, max_kv)));
         }
-        AttnCapacity cap{256, 512, 0, 2, heads};
-        AbsorbedProblem p{heads, 64, true, rows, q, kv};
-        const auto layout = cuda::absorbed::plan_layout(cap, 132);
-        std::vector<std::byte> got(layout.bytes), want(layout.bytes);
-        auto g = cuda::absorbed::build_plan(p, cap, 132, got);
-        auto w = reference::reference_build_plan(p, cap, 132, want);
-        ASSERT_TRUE(g.ok() && w.ok());
-        EXPECT_TRUE(same_or_whole(content_of(got, *g), content_of(want, *w), &whole))
-            << "heads " << heads << " bs " << bs << " max_kv " << max_kv;
+        check(AbsorbedProblem{heads, 64, true, rows, q, kv}, AttnCapacity{256, 512, 0, 2, heads},
+              132);
       }
     }
-  }
-  EXPECT_LT(whole, 4 * 8 * 4 / 4);
-}
-
-// Speculative verify (one q_len 2-8 for all) and mixed batches (q_len 0..max, max 2-8) at
-// 16-128 heads, batch 1-256, grids of 132 and of 1-12 CTAs (ungrouped with several row tiles),
-// causal or not: the same plans as the reference. Covers each path of the planner past decode:
-// one row tile per request (16 heads q_len <= 4, 32 heads q_len 2), grouped (2-4 row tiles),
-// and ungrouped with several row tiles (64-128 heads with long q_len, or a small grid).
-TEST(AbsorbedPlan, VerifyAndMixedBatchesMatchTheReference) {
-  Rng rng(mix_seed(base_seed(), 61));
-  int compared = 0, whole = 0;
-  for (int heads : {16, 32, 64, 128}) {
     for (int q_len = 2; q_len <= 8; ++q_len) {
       for (int bs : {1, 3, 64, 133, 256}) {
         for (int variant = 0; variant < 4; ++variant) {
           const bool causal = variant != 3;
           const bool mixed = variant == 1;
           const int ctas = variant == 2 ? static_cast<int>(rng.uniform_int(1, 12)) : 132;
-          const int max_kv = static_cast<int>(rng.uniform_int(0, 3)) == 0
+          const int max_kv = rng.uniform_int(0, 3) == 0
                                  ? static_cast<int>(rng.uniform_int(1, 200))
                                  : static_cast<int>(rng.uniform_int(200, 20000));
           std::vector<int32_t> rows, q, kv;
@@ -660,27 +414,72 @@ TEST(AbsorbedPlan, VerifyAndMixedBatchesMatchTheReference) {
             kv.push_back(kvi);
             tokens += qi;
           }
-          AttnCapacity cap{bs, tokens, 0, 8, heads};
-          AbsorbedProblem p{heads, 64, causal, rows, q, kv};
-          const auto layout = cuda::absorbed::plan_layout(cap, ctas);
-          std::vector<std::byte> got(layout.bytes), want(layout.bytes);
-          auto g = cuda::absorbed::build_plan(p, cap, ctas, got);
-          auto w = reference::reference_build_plan(p, cap, ctas, want);
-          ASSERT_EQ(g.ok(), w.ok()) << (g.ok() ? w : g).status().to_string();
-          if (!w.ok()) {
-            EXPECT_EQ(g.status().to_string(), w.status().to_string());
-            continue;
-          }
-          EXPECT_TRUE(same_or_whole(content_of(got, *g), content_of(want, *w), &whole))
-              << "heads " << heads << " q_len " << q_len << " bs " << bs << " variant " << variant
-              << " ctas " << ctas;
-          ++compared;
+          check(AbsorbedProblem{heads, 64, causal, rows, q, kv},
+                AttnCapacity{bs, tokens, 0, 8, heads}, ctas);
         }
       }
     }
   }
-  EXPECT_GT(compared, 500);
-  EXPECT_LT(whole, compared / 10);
+  EXPECT_EQ(planned, 4 * (8 * 4 + 7 * 5 * 4));
+}
+
+// Grouped batches of more requests than CTAs per group whose whole requests can be dealt within
+// 1/16 of the share (128-head decode at batch 128 and 256, 64 heads x 2 queries at batch 128):
+// every request whole (no partial, no combine), the most loaded CTA within share + share / 16,
+// and the same units on the same CTAs as the batch-invariant plan of the batch, whose requests
+// are one piece each at these lengths: the plans measured on the H200 (2026-12-04, f942a01) at
+// 0.89-0.98x the time of the split plans. A batch that cannot be dealt that evenly (100
+// requests on 66 CTAs) is still split.
+TEST(AbsorbedPlan, GroupedBatchesOfManyRequestsAreDealtWhole) {
+  struct Shape {
+    int heads, bs, q_len, min_kv, max_kv;
+  };
+  for (const Shape s : {Shape{128, 128, 1, 8192, 8192}, Shape{128, 128, 1, 4096, 8192},
+                        Shape{128, 256, 1, 2048, 2048}, Shape{64, 128, 2, 8192, 8192},
+                        Shape{64, 128, 2, 2048, 4096}}) {
+    SCOPED_TRACE(fmt::format("heads {} bs {} q_len {} kv {}..{}", s.heads, s.bs, s.q_len, s.min_kv,
+                             s.max_kv));
+    Rng rng(71);
+    std::vector<int32_t> rows, q(static_cast<std::size_t>(s.bs), s.q_len), kv;
+    for (int i = 0; i < s.bs; ++i) {
+      rows.push_back(i + 1);
+      kv.push_back(static_cast<int32_t>(rng.uniform_int(s.min_kv, s.max_kv)));
+    }
+    AbsorbedProblem p{s.heads, 64, true, rows, q, kv};
+    AttnCapacity cap{256, 1024, 0, 2, s.heads};
+    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, 132).bytes);
+    auto used = cuda::absorbed::build_plan(p, cap, 132, plan);
+    ASSERT_TRUE(used.ok()) << used.status().to_string();
+    ASSERT_EQ(fuzz::check_absorbed_plan(p, 132, plan, *used, &cap), "");
+    const PlanContent c = content_of(plan, *used);
+    EXPECT_EQ(c.header.num_combines, 0);
+    EXPECT_EQ(c.header.num_partials, 0);
+    EXPECT_EQ(c.header.num_units, 2 * s.bs);  // two row tiles per request
+    int64_t total = 0;
+    for (int i = 0; i < s.bs; ++i) total += (kv[i] + 63) / 64 + 1;
+    const int64_t share = (total + 65) / 66;
+    EXPECT_LE(max_cta_cost(c), share + share / 16);
+    // The batch-invariant plan of the same batch.
+    AttnCapacity inv_cap = cap;
+    inv_cap.batch_invariant = true;
+    std::vector<std::byte> inv(cuda::absorbed::plan_layout(inv_cap, 132).bytes);
+    auto inv_used = cuda::absorbed::build_plan(p, inv_cap, 132, inv);
+    ASSERT_TRUE(inv_used.ok()) << inv_used.status().to_string();
+    const PlanContent ci = content_of(inv, *inv_used);
+    EXPECT_EQ(ci.header.num_combines, 0);
+    EXPECT_EQ(c.cta_begin, ci.cta_begin);
+    EXPECT_EQ(c.units, ci.units);
+  }
+  // 100 requests on 66 CTAs per group: dealt whole, the most loaded CTA would carry 2 of them
+  // against a share of 1.5: split instead.
+  std::vector<int32_t> rows, q(100, 1), kv(100, 8192);
+  for (int i = 0; i < 100; ++i) rows.push_back(i + 1);
+  AbsorbedProblem p{128, 64, true, rows, q, kv};
+  AttnCapacity cap{256, 1024, 0, 2, 128};
+  std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, 132).bytes);
+  auto used = cuda::absorbed::build_plan(p, cap, 132, plan);
+  ASSERT_TRUE(used.ok()) << used.status().to_string();
+  EXPECT_GT(content_of(plan, *used).header.num_combines, 0);
 }
 
 // Decode of no more requests than CTAs, of about equal length: request k whole on CTA k (per

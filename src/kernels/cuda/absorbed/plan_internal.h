@@ -1,6 +1,7 @@
 // Internals shared by the absorbed planner's files (plan.cc: the default cuts and the layout;
-// plan_invariant.cc: the batch-invariant cut): the unit cost model, the vector stores of units,
-// the batch as the cuts read it and the plan's output cursor. Host code only.
+// plan_deal.cc: the batch-invariant cut and whole requests dealt onto the CTAs): the unit cost
+// model, the vector stores of units, the batch as the cuts read it and the plan's output cursor.
+// Host code only.
 #pragma once
 
 #include <bit>
@@ -93,7 +94,11 @@ struct PlanOut {
   bool overflow = false;
 };
 
-// The batch-invariant cut (plan_invariant.cc).
-void cut_invariant(const Batch& in, int num_ctas, PlanOut& out);
+// Row tiles dealt onto the CTAs longest first, those of one request in step across the groups
+// (plan_deal.cc): cut by invariant_pieces (plan.h; whole = false: the batch-invariant cut), or
+// each whole (whole = true). Returns false, writing nothing, when the most loaded CTA would
+// carry more than max_load (the cost model above); true once the plan is written (or
+// out.overflow set).
+bool cut_dealt(const Batch& in, int num_ctas, bool whole, int64_t max_load, PlanOut& out);
 
 }  // namespace mla::cuda::absorbed::plan_detail

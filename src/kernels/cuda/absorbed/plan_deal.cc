@@ -1,8 +1,14 @@
-// The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
-// request cut into invariant_pieces(n, T, rows) pieces of ceil(n / pieces) key tiles, a function
-// of the tile's own extent, the request's row tiles T and its rows per tile; a split tile's partial
-// slots are consecutive in key order, so its combine merges them in key order. Only the placement
-// of the pieces on CTAs depends on the batch, and it changes no arithmetic:
+// Row tiles cut into pieces and dealt onto the CTAs longest first (cut_dealt, plan_internal.h),
+// in two uses:
+// - The batch-invariant cut (AttnCapacity::batch_invariant; plan.h): every row tile of every
+//   request cut into invariant_pieces(n, T, rows) pieces of ceil(n / pieces) key tiles, a
+//   function of the tile's own extent, the request's row tiles T and its rows per tile; a split
+//   tile's partial slots are consecutive in key order, so its combine merges them in key order.
+//   Only the placement of the pieces on CTAs depends on the batch, and it changes no arithmetic.
+// - Whole requests (the default plan of grouped decode with more requests than CTAs per group,
+//   plan.cc): every row tile one piece, no partials and no combines, kept only when the most
+//   loaded CTA carries at most the caller's bound.
+// The placement:
 // - Groups, as in the default plan: when every request has at most G = 2..4 row tiles (128
 //   heads, or heads x q_len > 64), the grid splits into G groups of num_ctas / G CTAs and row
 //   tile r of a request runs in group r, on the CTA and at the position that piece k of its
@@ -141,8 +147,9 @@ int64_t deal_best_fit(const std::vector<InvItem>& items, const std::vector<int32
 // smallest makespan of: least loaded, and best fit under a few targets from the ideal share up
 // (a short Multifit; best fit can miss the ideal where least loaded does not, and the reverse).
 // Targets past 2^16 key tiles are not tried (the buckets grow with the target).
-void deal_items(std::vector<InvItem>& items, const std::vector<int32_t>& order, int ctas,
-                InvScratch& sc) {
+// Returns the makespan (the most loaded CTA's cost).
+int64_t deal_items(std::vector<InvItem>& items, const std::vector<int32_t>& order, int ctas,
+                   InvScratch& sc) {
   int64_t total = 0, longest = 0, shortest = INT64_MAX;
   for (const InvItem& it : items) {
     total += it.cost;
@@ -165,11 +172,12 @@ void deal_items(std::vector<InvItem>& items, const std::vector<int32_t>& order, 
     }
   }
   for (std::size_t i = 0; i < items.size(); ++i) items[i].cta = sc.best_cta[i];
+  return best;
 }
 
 }  // namespace
 
-void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
+bool cut_dealt(const Batch& in, int num_ctas, bool whole, int64_t max_load, PlanOut& out) {
   thread_local InvScratch sc;
   std::vector<InvTile>& tiles = sc.tiles;
   std::vector<InvItem>& items = sc.items;
@@ -186,7 +194,9 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
     for (int64_t r = 0; r < rows; r += in.rows_tile) {
       InvTile t;
       t.ref = tile_of(in, b, q_row, r);
-      t.pieces = invariant_pieces(t.ref.tiles, row_tiles, std::min<int64_t>(rows, in.rows_tile));
+      t.pieces =
+          whole ? 1
+                : invariant_pieces(t.ref.tiles, row_tiles, std::min<int64_t>(rows, in.rows_tile));
       t.len = t.pieces > 1 ? (t.ref.tiles + t.pieces - 1) / t.pieces : t.ref.tiles;
       t.first_partial = t.pieces > 1 ? next_partial : -1;
       if (t.pieces > 1) {
@@ -200,7 +210,7 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
   }
   if (units > out.max_units) {
     out.overflow = true;
-    return;
+    return true;
   }
   const int groups = max_row_tiles >= 2 && max_row_tiles <= 4 && num_ctas >= 2 * max_row_tiles
                          ? static_cast<int>(max_row_tiles)
@@ -241,7 +251,7 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
     const int32_t cb = items[static_cast<std::size_t>(b)].cost;
     return ca != cb ? ca > cb : a < b;  // longest first, then in item order
   });
-  deal_items(items, order, ctas_per_group, sc);
+  if (deal_items(items, order, ctas_per_group, sc) > max_load) return false;  // nothing written
   std::vector<int32_t>& per_cta = sc.per_cta;
   per_cta.assign(static_cast<std::size_t>(ctas_per_group) + 1, 0);
   for (const InvItem& it : items) ++per_cta[static_cast<std::size_t>(it.cta) + 1];
@@ -283,6 +293,7 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
   out.num_combines = num_combines;
   out.next_partial = next_partial;
   out.next_cta = groups * ctas_per_group;
+  return true;
 }
 
 }  // namespace mla::cuda::absorbed::plan_detail
