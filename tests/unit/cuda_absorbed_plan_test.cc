@@ -425,11 +425,12 @@ TEST(AbsorbedPlan, ServingShapesAreCoveredOnceWithinTheBalanceBound) {
 
 // Grouped batches of more requests than CTAs per group whose whole requests can be dealt within
 // 1/16 of the share (128-head decode at batch 128 and 256, 64 heads x 2 queries at batch 128):
-// every request whole (no partial, no combine), the most loaded CTA within share + share / 16,
-// and the same units on the same CTAs as the batch-invariant plan of the batch, whose requests
-// are one piece each at these lengths: the plans measured on the H200 (2026-12-04, f942a01) at
-// 0.89-0.98x the time of the split plans. A batch that cannot be dealt that evenly (100
-// requests on 66 CTAs) is still split.
+// every request whole (no partial, no combine), the most loaded CTA within share + share / 16;
+// at equal lengths the same units on the same CTAs as the batch-invariant plan of the batch,
+// whose requests are one piece each at these lengths: the plans measured on the H200
+// (2026-12-04, f942a01) at 0.91-0.98x the time of the split plans (variable lengths: dealt in a
+// snake, not as the invariant plan's least-loaded placement). A batch that cannot be dealt that
+// evenly (100 requests on 66 CTAs) is still split.
 TEST(AbsorbedPlan, GroupedBatchesOfManyRequestsAreDealtWhole) {
   struct Shape {
     int heads, bs, q_len, min_kv, max_kv;
@@ -467,8 +468,10 @@ TEST(AbsorbedPlan, GroupedBatchesOfManyRequestsAreDealtWhole) {
     ASSERT_TRUE(inv_used.ok()) << inv_used.status().to_string();
     const PlanContent ci = content_of(inv, *inv_used);
     EXPECT_EQ(ci.header.num_combines, 0);
-    EXPECT_EQ(c.cta_begin, ci.cta_begin);
-    EXPECT_EQ(c.units, ci.units);
+    if (s.min_kv == s.max_kv) {
+      EXPECT_EQ(c.cta_begin, ci.cta_begin);
+      EXPECT_EQ(c.units, ci.units);
+    }
   }
   // 100 requests on 66 CTAs per group: dealt whole, the most loaded CTA would carry 2 of them
   // against a share of 1.5: split instead.

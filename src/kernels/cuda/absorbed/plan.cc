@@ -376,7 +376,7 @@ __attribute__((noinline)) void replay_groups(const Batch& in_ref, int groups, in
 // whole on CTA k (the CTAs past the last request get nothing). Splitting such a batch to fill
 // every CTA gains at most kWholeSlack of the time and costs a second unit (its query tile and
 // pipeline start) on most CTAs, partial writes and the combine kernel. Grouped batches (2-4 row
-// tiles per request) of more requests deal them whole, longest first (cut_dealt), when the most
+// tiles per request) of more requests deal them whole, longest first (deal_whole), when the most
 // loaded CTA stays within kWholeSlack of the share: measured through the batch-invariant plans,
 // which are those plans where every request is one piece (H200, 2026-12-04, f942a01): 128 heads
 // at 4096-8192 keys 0.89-0.95x the split plan's time, 64 heads x 2 queries 0.93-0.98x, 128 x 2
@@ -676,13 +676,16 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   const bool longest_fits = int64_t{longest} * kWholeSlackDiv <= share * (kWholeSlackDiv + 1);
   const bool few = with_rows <= static_cast<uint32_t>(ctas_per_group);
   if (cap.batch_invariant) {
-    cut_dealt(in, num_ctas, /*whole=*/false, INT64_MAX, out);
+    cut_invariant(in, num_ctas, out);
   } else if (decode && few && longest_fits) {
     place_whole(in, out);
     if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
   } else if (groups > 1 && longest_fits &&
-             cut_dealt(in, num_ctas, /*whole=*/true, share + share / kWholeSlackDiv, out)) {
-    // Grouped requests dealt whole (the most loaded CTA within kWholeSlack of the share).
+             deal_whole(in, decode ? 1 : groups, ctas_per_group, share + share / kWholeSlackDiv,
+                        out)) {
+    // Grouped requests dealt whole (the most loaded CTA within kWholeSlack of the share); for
+    // decode group 0's units, then group 1's as their copy.
+    if (decode && !out.overflow) copy_group(rows_tile, ctas_per_group, out);
   } else if (decode) {
     cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
     if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)

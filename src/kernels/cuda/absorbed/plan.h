@@ -32,7 +32,7 @@ struct PlanLayout {
 // is split in two, and in pieces of at most M key tiles. A split tile's partial slots are
 // consecutive in key order and its combine merges them in that order. Which CTA runs a piece
 // (the only thing the batch decides) does not change the arithmetic. The T: a request of T row
-// tiles has T units per piece (on T groups of CTAs, plan_invariant.cc), so scaling by T keeps the
+// tiles has T units per piece (on T groups of CTAs, plan_deal.cc), so scaling by T keeps the
 // pieces per CTA and the partial bytes per key those of a one-tile request.
 // Why these numbers (docs/design-decisions.md): a piece's partial costs a write and a combine
 // read of rows x 512 fp32, so long requests take pieces of up to 8192 keys (the partial traffic

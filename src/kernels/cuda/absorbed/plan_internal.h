@@ -94,11 +94,16 @@ struct PlanOut {
   bool overflow = false;
 };
 
-// Row tiles dealt onto the CTAs longest first, those of one request in step across the groups
-// (plan_deal.cc): cut by invariant_pieces (plan.h; whole = false: the batch-invariant cut), or
-// each whole (whole = true). Returns false, writing nothing, when the most loaded CTA would
-// carry more than max_load (the cost model above); true once the plan is written (or
-// out.overflow set).
-bool cut_dealt(const Batch& in, int num_ctas, bool whole, int64_t max_load, PlanOut& out);
+// The batch-invariant cut (plan_deal.cc): every row tile in invariant_pieces (plan.h) pieces,
+// dealt onto the CTAs longest first, a request's row tiles in step across the groups.
+void cut_invariant(const Batch& in, int num_ctas, PlanOut& out);
+// Grouped requests (groups of ctas_per_group CTAs, one per row tile) dealt whole onto the CTAs
+// of a group, longest first, in rounds (plan_deal.cc); writes the units of the first
+// `write_groups` groups (1 for decode, whose other group copies them: copy_group). Equal
+// lengths give the units of the batch-invariant plan where every request is one piece. Returns
+// false, writing nothing, when the most loaded CTA would carry more than max_load (the cost
+// model above); true once the plan is written (or out.overflow set).
+bool deal_whole(const Batch& in, int write_groups, int ctas_per_group, int64_t max_load,
+                PlanOut& out);
 
 }  // namespace mla::cuda::absorbed::plan_detail
