@@ -241,6 +241,23 @@ int64_t max_cta_cost(const PlanContent& c) {
   return worst;
 }
 
+// The plan of p on `ctas` CTAs, checked to cover every (row, key) once with its combines
+// (check_absorbed_plan); a failure is added, and the content left empty, when it is not.
+PlanContent covered_plan(const AbsorbedProblem& p, const AttnCapacity& cap, int ctas) {
+  std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
+  auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
+  if (!used.ok()) {
+    ADD_FAILURE() << used.status().to_string();
+    return {};
+  }
+  const std::string error = fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap);
+  if (!error.empty()) {
+    ADD_FAILURE() << error;
+    return {};
+  }
+  return content_of(plan, *used);
+}
+
 // A random batch of one of several shapes: decode (q_len 1, some idle 0), speculative verify
 // (one q_len for all), mixed q_len 0-8 (extends and draft extends), long prefixes; lengths from
 // empty to long, some kv_len 0.
@@ -369,11 +386,7 @@ TEST(AbsorbedPlan, ServingShapesAreCoveredOnceWithinTheBalanceBound) {
   Rng rng(mix_seed(base_seed(), 59));
   int planned = 0;
   const auto check = [&](const AbsorbedProblem& p, const AttnCapacity& cap, int ctas) {
-    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
-    auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
-    ASSERT_TRUE(used.ok()) << used.status().to_string();
-    ASSERT_EQ(fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap), "");
-    const PlanContent c = content_of(plan, *used);
+    const PlanContent c = covered_plan(p, cap, ctas);
     const double ideal = ideal_share(p, c.header.rows_per_tile, ctas);
     EXPECT_TRUE(within_balance_bound(max_cta_cost(c), ideal))
         << "heads " << p.num_heads << " bs " << p.q_lens.size() << " ctas " << ctas
@@ -448,11 +461,7 @@ TEST(AbsorbedPlan, GroupedBatchesOfManyRequestsAreDealtWhole) {
     }
     AbsorbedProblem p{s.heads, 64, true, rows, q, kv};
     AttnCapacity cap{256, 1024, 0, 2, s.heads};
-    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, 132).bytes);
-    auto used = cuda::absorbed::build_plan(p, cap, 132, plan);
-    ASSERT_TRUE(used.ok()) << used.status().to_string();
-    ASSERT_EQ(fuzz::check_absorbed_plan(p, 132, plan, *used, &cap), "");
-    const PlanContent c = content_of(plan, *used);
+    const PlanContent c = covered_plan(p, cap, 132);
     EXPECT_EQ(c.header.num_combines, 0);
     EXPECT_EQ(c.header.num_partials, 0);
     EXPECT_EQ(c.header.num_units, 2 * s.bs);  // two row tiles per request
@@ -463,10 +472,7 @@ TEST(AbsorbedPlan, GroupedBatchesOfManyRequestsAreDealtWhole) {
     // The batch-invariant plan of the same batch.
     AttnCapacity inv_cap = cap;
     inv_cap.batch_invariant = true;
-    std::vector<std::byte> inv(cuda::absorbed::plan_layout(inv_cap, 132).bytes);
-    auto inv_used = cuda::absorbed::build_plan(p, inv_cap, 132, inv);
-    ASSERT_TRUE(inv_used.ok()) << inv_used.status().to_string();
-    const PlanContent ci = content_of(inv, *inv_used);
+    const PlanContent ci = covered_plan(p, inv_cap, 132);
     EXPECT_EQ(ci.header.num_combines, 0);
     if (s.min_kv == s.max_kv) {
       EXPECT_EQ(c.cta_begin, ci.cta_begin);
@@ -478,11 +484,7 @@ TEST(AbsorbedPlan, GroupedBatchesOfManyRequestsAreDealtWhole) {
   std::vector<int32_t> rows, q(100, 1), kv(100, 8192);
   for (int i = 0; i < 100; ++i) rows.push_back(i + 1);
   AbsorbedProblem p{128, 64, true, rows, q, kv};
-  AttnCapacity cap{256, 1024, 0, 2, 128};
-  std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, 132).bytes);
-  auto used = cuda::absorbed::build_plan(p, cap, 132, plan);
-  ASSERT_TRUE(used.ok()) << used.status().to_string();
-  EXPECT_GT(content_of(plan, *used).header.num_combines, 0);
+  EXPECT_GT(covered_plan(p, AttnCapacity{256, 1024, 0, 2, 128}, 132).header.num_combines, 0);
 }
 
 // Decode of no more requests than CTAs, of about equal length: request k whole on CTA k (per
@@ -498,11 +500,8 @@ TEST(AbsorbedPlan, DecodeOfFewEqualRequestsRunsWhole) {
     }
     AttnCapacity cap{256, 512, 0, 2, heads};
     AbsorbedProblem p{heads, 64, true, rows, q, kv};
-    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, 132).bytes);
-    auto used = cuda::absorbed::build_plan(p, cap, 132, plan);
-    ASSERT_TRUE(used.ok()) << used.status().to_string();
-    EXPECT_EQ(fuzz::check_absorbed_plan(p, 132, plan, *used, &cap), "");
-    const PlanContent c = content_of(plan, *used);
+    const PlanContent c = covered_plan(p, cap, 132);
+    ASSERT_EQ(c.header.num_ctas, 132);
     EXPECT_EQ(c.header.num_combines, 0);
     EXPECT_EQ(c.header.num_partials, 0);
     EXPECT_EQ(c.header.num_units, 132);
@@ -512,10 +511,7 @@ TEST(AbsorbedPlan, DecodeOfFewEqualRequestsRunsWhole) {
     // One request twice the others' length: past share + share / 16, so the batch is split.
     kv[0] = 16384;
     AbsorbedProblem p2{heads, 64, true, rows, q, kv};
-    used = cuda::absorbed::build_plan(p2, cap, 132, plan);
-    ASSERT_TRUE(used.ok()) << used.status().to_string();
-    EXPECT_EQ(fuzz::check_absorbed_plan(p2, 132, plan, *used, &cap), "");
-    EXPECT_GT(content_of(plan, *used).header.num_combines, 0) << "heads " << heads;
+    EXPECT_GT(covered_plan(p2, cap, 132).header.num_combines, 0) << "heads " << heads;
   }
 }
 
