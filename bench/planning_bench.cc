@@ -143,7 +143,8 @@ BENCHMARK(BM_Plan)->Apply(args)->Repetitions(3)->ReportAggregatesOnly(true);
 
 // The CUDA absorbed op's host planner alone (pure host code, built without CUDA too): the split-KV
 // schedule over 132 persistent CTAs (an H200) for decode (q_len 1) and speculative-verify
-// batches (q_len 2-8 per request). args: heads, batch, max s_k, q_len.
+// batches (q_len 2-8 per request). args: heads, batch, max s_k, q_len, batch-invariant plans
+// (AttnCapacity::batch_invariant: 0 or 1).
 // On the GPU the backend adds to this what BM_Plan measures around the cpu op's plan (validation,
 // collect, upload).
 void BM_CudaAbsorbedPlan(benchmark::State& state) {
@@ -166,7 +167,8 @@ void BM_CudaAbsorbedPlan(benchmark::State& state) {
   problem.req_rows = rows;
   problem.q_lens = q_lens;
   problem.kv_lens = kv_lens;
-  const AttnCapacity cap{kMaxRequests, 8 * kMaxRequests, 0, 8, heads};
+  AttnCapacity cap{kMaxRequests, 8 * kMaxRequests, 0, 8, heads};
+  cap.batch_invariant = state.range(4) != 0;
   std::vector<std::byte> host_plan(cuda::absorbed::plan_layout(cap, kCtas).bytes);
   auto plan = [&] { return cuda::absorbed::build_plan(problem, cap, kCtas, host_plan); };
   for (int i = 0; i < 3; ++i) (void)plan();
@@ -187,13 +189,13 @@ void BM_CudaAbsorbedPlan(benchmark::State& state) {
   std::memcpy(&header, host_plan.data(), sizeof(header));
   state.counters["units"] = header.num_units;
   state.counters["combines"] = header.num_combines;
-  state.SetLabel(
-      fmt::format("cuda absorbed plan h{} bs={} s_q={} s_k<={}", heads, bs, q_len, max_kv));
+  state.SetLabel(fmt::format("cuda absorbed plan h{} bs={} s_q={} s_k<={}{}", heads, bs, q_len,
+                             max_kv, cap.batch_invariant ? " batch-invariant" : ""));
 }
 BENCHMARK(BM_CudaAbsorbedPlan)
-    ->ArgsProduct({{16, 128}, {1, 64, 256}, {8192}, {1}})
-    ->ArgsProduct({{16, 128}, {64, 256}, {8192}, {2, 4}})
-    ->ArgsProduct({{16, 128}, {64}, {8192}, {8}})
+    ->ArgsProduct({{16, 128}, {1, 64, 256}, {8192}, {1}, {0, 1}})
+    ->ArgsProduct({{16, 128}, {64, 256}, {8192}, {2, 4}, {0}})
+    ->ArgsProduct({{16, 128}, {64}, {8192}, {8}, {0}})
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 
