@@ -63,42 +63,57 @@ struct InvScratch {
   std::vector<uint64_t> used;                // best fit: loads with a CTA
 };
 
-// Items in `order` (longest first) each onto the least loaded CTA: a binary min-heap of
-// (load << 20 | cta), one key per CTA (num_ctas <= 2^20), so the top is the least loaded CTA and
-// the lower CTA on ties; the top's load grows in place and sifts down (one pass instead of a pop
-// and a push). cost(i) is item i's cost; writes cta[i]; returns the makespan.
+// The least loaded CTA: a 4-ary min-heap of (load << kCtaBits | cta), one key per CTA (num_ctas
+// <= 2^20). The keys are distinct, so the top is the least loaded CTA and the lower CTA on ties,
+// whatever the heap's shape. Children of node p: 4p + 1 .. 4p + 4 (3 levels for 66 CTAs, where a
+// binary heap has 6 dependent loads); padded with keys above every load so each node has four
+// children: the lesser child is found without a bounds check or a branch (conditional moves),
+// and a sift ends when the key is not above it.
+constexpr int kCtaBits = 20;
+constexpr uint64_t kCtaMask = (uint64_t{1} << kCtaBits) - 1;
+
+// Puts `key` at node `pos` and sifts it down.
+inline void sift_down(uint64_t* h, std::size_t pos, uint64_t key) {
+  while (true) {
+    const std::size_t first = 4 * pos + 1;
+    const uint64_t c0 = h[first], c1 = h[first + 1], c2 = h[first + 2], c3 = h[first + 3];
+    const bool r01 = c1 < c0, r23 = c3 < c2;
+    const uint64_t m01 = r01 ? c1 : c0, m23 = r23 ? c3 : c2;
+    const bool hi = m23 < m01;
+    const uint64_t m = hi ? m23 : m01;
+    if (m >= key) break;
+    h[pos] = m;
+    pos = first + (hi ? 2 + static_cast<std::size_t>(r23) : static_cast<std::size_t>(r01));
+  }
+  h[pos] = key;
+}
+
+// The heap of `ctas` CTAs with the given loads (all 0 when null).
+inline void build_heap(std::vector<uint64_t>& heap, int ctas, const int64_t* loads) {
+  const std::size_t n = static_cast<std::size_t>(ctas);
+  heap.assign(4 * n + 5, UINT64_MAX);
+  for (std::size_t c = 0; c < n; ++c) {
+    heap[c] = (loads ? static_cast<uint64_t>(loads[c]) << kCtaBits : 0) | c;
+  }
+  if (loads == nullptr || n < 2) return;  // equal loads: ordered by CTA, already a heap
+  for (std::size_t p = (n - 2) / 4 + 1; p-- > 0;) sift_down(heap.data(), p, heap[p]);
+}
+
+// Items in `order` (longest first) each onto the least loaded CTA; the top's load grows in place
+// and sifts down (one pass instead of a pop and a push). cost(i) is item i's cost; writes cta[i];
+// returns the makespan.
 template <typename Cost>
 int64_t deal_least_loaded(const std::vector<int32_t>& order, int ctas, Cost cost, int32_t* cta,
                           std::vector<uint64_t>& heap) {
-  constexpr int kCtaBits = 20;
-  // A 4-ary heap (children of node p: 4p + 1 .. 4p + 4; 3 levels for 66 CTAs, where a binary
-  // heap has 6 dependent loads), padded with keys above every load so each node has four
-  // children: the lesser child is found without a bounds check or a branch, and the loop ends
-  // when the key is not above it. The keys are distinct, so the top is the least loaded CTA
-  // (the lower on ties) whatever the heap's shape.
-  const std::size_t n = static_cast<std::size_t>(ctas);
-  heap.assign(4 * n + 5, UINT64_MAX);
-  for (std::size_t c = 0; c < n; ++c) heap[c] = c;
+  build_heap(heap, ctas, nullptr);
   uint64_t* const h = heap.data();
   uint64_t makespan = 0;
   for (const int32_t i : order) {
     const uint64_t top = h[0];
-    cta[i] = static_cast<int32_t>(top & ((1u << kCtaBits) - 1));
+    cta[i] = static_cast<int32_t>(top & kCtaMask);
     const uint64_t key = top + (static_cast<uint64_t>(cost(i)) << kCtaBits);
     makespan = std::max(makespan, key >> kCtaBits);
-    std::size_t pos = 0;
-    while (true) {
-      const std::size_t first = 4 * pos + 1;
-      const uint64_t c0 = h[first], c1 = h[first + 1], c2 = h[first + 2], c3 = h[first + 3];
-      const bool r01 = c1 < c0, r23 = c3 < c2;
-      const uint64_t m01 = r01 ? c1 : c0, m23 = r23 ? c3 : c2;
-      const bool hi = m23 < m01;
-      const uint64_t m = hi ? m23 : m01;
-      if (m >= key) break;
-      h[pos] = m;
-      pos = first + (hi ? 2 + static_cast<std::size_t>(r23) : static_cast<std::size_t>(r01));
-    }
-    h[pos] = key;
+    sift_down(h, 0, key);
   }
   return static_cast<int64_t>(makespan);
 }
@@ -162,6 +177,7 @@ int64_t deal_best_fit(const std::vector<InvItem>& items, const std::vector<int32
     return -1;
   };
   int64_t makespan = 0;
+  bool over = false;  // every CTA past the target (sc.heap holds their loads)
   for (const int32_t i : order) {
     const int64_t cost = items[static_cast<std::size_t>(i)].cost;
     int64_t v = cost <= target ? highest_at_most(target - cost) : -1;
@@ -169,14 +185,19 @@ int64_t deal_best_fit(const std::vector<InvItem>& items, const std::vector<int32
     int32_t c;
     if (v >= 0) {
       c = take(v);
-    } else {  // every CTA is past the target: the least loaded
-      c = 0;
-      for (int k = 1; k < ctas; ++k) {
-        if (sc.load[static_cast<std::size_t>(k)] < sc.load[static_cast<std::size_t>(c)]) c = k;
+    } else {
+      // Every CTA is past the target (and stays there: loads only grow), so this item and every
+      // later one go to the least loaded CTA, the lower on ties: from a heap of all the loads,
+      // built once, instead of a scan over the CTAs per item.
+      if (!over) {
+        build_heap(sc.heap, ctas, sc.load.data());
+        over = true;
       }
+      c = static_cast<int32_t>(sc.heap[0] & kCtaMask);
     }
     int64_t& l = sc.load[static_cast<std::size_t>(c)];
     l += cost;
+    if (over) sift_down(sc.heap.data(), 0, static_cast<uint64_t>(l) << kCtaBits | c);
     makespan = std::max(makespan, l);
     if (l <= target) {
       sc.bucket[static_cast<std::size_t>(l)].push_back(c);
