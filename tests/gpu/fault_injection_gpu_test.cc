@@ -20,6 +20,7 @@
 #include "mla/memory.h"
 #include "mla/workspace.h"
 #include "sim/run_driver.h"
+#include "soak/soak_driver.h"
 
 namespace mla::testing {
 namespace {
@@ -50,13 +51,6 @@ cli::RunConfig config_of(const Scenario& s, bool check) {
   return c;
 }
 
-std::size_t ledger_bytes() {
-  std::size_t b = 0;
-  for (const auto& r : MemoryLedger::global().snapshot()) b += r.bytes;
-  return b;
-}
-std::size_t ledger_records() { return MemoryLedger::global().snapshot().size(); }
-
 class FaultInjectionDevice : public ::testing::TestWithParam<Scenario> {
  protected:
   void SetUp() override {
@@ -77,7 +71,7 @@ class FaultInjectionDevice : public ::testing::TestWithParam<Scenario> {
     }
     const uint64_t events = fi::count(site);
     ASSERT_GT(events, 0u) << fi::site_name(site);
-    const std::size_t base_bytes = ledger_bytes(), base_records = ledger_records();
+    const LedgerState baseline = ledger_state();
     // The first 4 events, the last, and 8 spread evenly between.
     std::vector<uint64_t> ks;
     for (uint64_t k = 1; k <= events; ++k) {
@@ -102,8 +96,7 @@ class FaultInjectionDevice : public ::testing::TestWithParam<Scenario> {
           << hit.status().to_string();
       EXPECT_NE(hit.status().message().find(names), std::string::npos)
           << "not the injected failure: " << hit.status().to_string();
-      EXPECT_EQ(ledger_bytes(), base_bytes) << "device or host bytes left in the ledger";
-      EXPECT_EQ(ledger_records(), base_records) << "ledger records left behind";
+      EXPECT_EQ(ledger_state(), baseline) << "device or host bytes left in the ledger";
     }
     EXPECT_GT(failed, 0);
     // The process still runs the workload, and correctly.

@@ -163,6 +163,7 @@ void soak(const std::string& backend_name, Device device, int num_requests,
                                      std::max<int64_t>(sc.max_batch_tokens, max_graph_tokens), 99);
   ASSERT_TRUE(layer.ok()) << layer.status().to_string();
   std::set<int> captured;
+  std::size_t max_anon = 0;  // the most anonymous resident memory sampled so far
 
   while (!(*sched)->done()) {
     auto step = (*sched)->next_step();
@@ -234,8 +235,8 @@ void soak(const std::string& backend_name, Device device, int num_requests,
       out->rss.push_back(res.anon);
       out->rss_file.push_back(res.file);
       const std::size_t n = out->rss.size();
-      const bool peak =
-          n > 16 && res.anon > *std::max_element(out->rss.begin(), out->rss.end() - 1);
+      const bool peak = n > 16 && res.anon > max_anon;
+      max_anon = std::max(max_anon, res.anon);
       if ((n & (n - 1)) == 0 || peak) out->smaps[n - 1] = resident_by_mapping();
       if (peak) out->peak_sample = n - 1;
     }

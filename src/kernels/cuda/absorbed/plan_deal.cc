@@ -6,9 +6,8 @@
 //   Only the placement of the pieces on CTAs depends on the batch, and it changes no arithmetic.
 // - Whole requests (deal_whole: the default plan of grouped batches, plan.cc): every row tile
 //   one piece, no partials and no combines, kept only when the most loaded CTA carries at most
-//   the caller's bound. The same placement as the invariant cut's where its requests are one
-//   piece each (least loaded only: no best-fit pass), without its per-tile bookkeeping (6x
-//   faster at batch 256).
+//   the caller's bound; dealt in rounds (equal lengths round robin, as the invariant cut places
+//   them; others in a snake), without the invariant cut's per-tile bookkeeping.
 // The placement:
 // - Groups, as in the default plan: when every request has at most G = 2..4 row tiles (128
 //   heads, or heads x q_len > 64), the grid splits into G groups of num_ctas / G CTAs and row
@@ -137,6 +136,19 @@ void longest_first(std::size_t n, Cost cost, bool uniform, std::vector<uint64_t>
   for (std::size_t i = 0; i < n; ++i) {
     order[i] = static_cast<int32_t>(UINT32_MAX - static_cast<uint32_t>(keys[i]));
   }
+}
+
+// by_cta = the items CTA-major, each CTA's in `order` (dealt order): a counting sort of the
+// items by cta[i]; per_cta[c] .. per_cta[c + 1] are CTA c's.
+void cta_major(const std::vector<int32_t>& order, const int32_t* cta, int ctas,
+               std::vector<int32_t>& per_cta, std::vector<int32_t>& at,
+               std::vector<int32_t>& by_cta) {
+  per_cta.assign(static_cast<std::size_t>(ctas) + 1, 0);
+  for (const int32_t i : order) ++per_cta[static_cast<std::size_t>(cta[i]) + 1];
+  for (int c = 0; c < ctas; ++c) per_cta[c + 1] += per_cta[c];
+  at.assign(per_cta.begin(), per_cta.end() - 1);
+  by_cta.resize(order.size());
+  for (const int32_t i : order) by_cta[static_cast<std::size_t>(at[cta[i]]++)] = i;
 }
 
 // Longest item first onto the fullest CTA it fits under `target` (best fit), else onto the
@@ -317,16 +329,10 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
       items.size(), [&](int32_t i) { return items[static_cast<std::size_t>(i)].cost; },
       /*uniform=*/false, sc.keys, order);
   deal_items(items, order, ctas_per_group, sc);
-  std::vector<int32_t>& per_cta = sc.per_cta;
-  per_cta.assign(static_cast<std::size_t>(ctas_per_group) + 1, 0);
-  for (const InvItem& it : items) ++per_cta[static_cast<std::size_t>(it.cta) + 1];
-  // Items CTA-major, each CTA's in the order dealt (longest first): a counting sort.
-  for (int c = 0; c < ctas_per_group; ++c) per_cta[c + 1] += per_cta[c];
-  std::vector<int32_t>& by_cta = sc.by_cta;
-  std::vector<int32_t>& at = sc.at;
-  by_cta.resize(items.size());
-  at.assign(per_cta.begin(), per_cta.end() - 1);
-  for (const int32_t i : order) by_cta[static_cast<std::size_t>(at[items[i].cta]++)] = i;
+  // Items CTA-major, each CTA's in the order dealt (longest first).
+  cta_major(order, sc.best_cta.data(), ctas_per_group, sc.per_cta, sc.at, sc.by_cta);
+  const std::vector<int32_t>& per_cta = sc.per_cta;
+  const std::vector<int32_t>& by_cta = sc.by_cta;
 
   // 4. The units, CTA-major: group g, CTA c holds member g of each of group 0's items on c.
   int32_t num_units = 0;
@@ -392,8 +398,8 @@ bool deal_whole(const Batch& in, int write_groups, int ctas_per_group, int64_t m
   const std::size_t n = w.req.size();
   // Some CTA takes ceil(n / CTAs) requests of at least lo key tiles each: past max_load, no
   // dealing can keep the bound (checked before the sort, so a batch that splits pays little).
-  const std::size_t per_cta = static_cast<std::size_t>(ctas_per_group);
-  if (n > 0 && static_cast<int64_t>((n + per_cta - 1) / per_cta) * lo > max_load) return false;
+  const std::size_t per = static_cast<std::size_t>(ctas_per_group);
+  if (n > 0 && static_cast<int64_t>((n + per - 1) / per) * lo > max_load) return false;
   // 2. Longest first (a counting sort by cost, stable, when the costs span a short range),
   // dealt in rounds of one request per CTA: equal costs round robin (what least loaded does
   // with them, so these plans are byte for byte the invariant plans of such batches), others
@@ -403,10 +409,8 @@ bool deal_whole(const Batch& in, int write_groups, int ctas_per_group, int64_t m
   // 65-129 and 33-129 key tiles, 128-512 of them on 66 CTAs (a Python model, 2026-12-04), at
   // no heap walk per request (least loaded was 60 % of this function's time at batch 256).
   const bool uniform = lo == hi;
-  w.order.resize(n);
-  if (uniform) {
-    for (std::size_t i = 0; i < n; ++i) w.order[i] = static_cast<int32_t>(i);
-  } else if (hi - lo < 4096) {
+  if (!uniform && hi - lo < 4096) {
+    w.order.resize(n);
     w.count.assign(static_cast<std::size_t>(hi - lo) + 2, 0);
     for (std::size_t i = 0; i < n; ++i) ++w.count[static_cast<std::size_t>(hi - w.cost[i]) + 1];
     for (std::size_t k = 1; k < w.count.size(); ++k) w.count[k] += w.count[k - 1];
@@ -416,11 +420,11 @@ bool deal_whole(const Batch& in, int write_groups, int ctas_per_group, int64_t m
     }
   } else {
     longest_first(
-        n, [&](int32_t i) { return w.cost[static_cast<std::size_t>(i)]; }, false, w.keys, w.order);
+        n, [&](int32_t i) { return w.cost[static_cast<std::size_t>(i)]; }, uniform, w.keys,
+        w.order);
   }
   w.cta.resize(n);
-  w.load.assign(static_cast<std::size_t>(ctas_per_group), 0);
-  const std::size_t per = static_cast<std::size_t>(ctas_per_group);
+  w.load.assign(per, 0);
   for (std::size_t k = 0; k < n; ++k) {
     const std::size_t round = k / per, at = k % per;
     const std::size_t c = uniform || round % 2 == 0 ? at : per - 1 - at;
@@ -434,15 +438,8 @@ bool deal_whole(const Batch& in, int write_groups, int ctas_per_group, int64_t m
     out.overflow = true;
     return true;
   }
-  // 3. Items CTA-major, each CTA's in the order dealt: a counting sort.
-  w.per_cta.assign(static_cast<std::size_t>(ctas_per_group) + 1, 0);
-  for (std::size_t i = 0; i < n; ++i) ++w.per_cta[static_cast<std::size_t>(w.cta[i]) + 1];
-  for (int c = 0; c < ctas_per_group; ++c) w.per_cta[c + 1] += w.per_cta[c];
-  w.at.assign(w.per_cta.begin(), w.per_cta.end() - 1);
-  w.by_cta.resize(n);
-  for (const int32_t i : w.order) {
-    w.by_cta[static_cast<std::size_t>(w.at[static_cast<std::size_t>(w.cta[i])]++)] = i;
-  }
+  // 3. Items CTA-major, each CTA's in the order dealt.
+  cta_major(w.order, w.cta.data(), ctas_per_group, w.per_cta, w.at, w.by_cta);
   // 4. The units: group g, CTA c runs row tile g of each request on c, all its keys.
   int32_t num_units = 0;
   for (int g = 0; g < write_groups; ++g) {
