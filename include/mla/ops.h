@@ -140,12 +140,18 @@ struct MhaArgs {
   TensorView q;    // bf16 [Tq, H, 192]
   TensorView k;    // bf16 [Tk, H, 192]
   TensorView v;    // bf16 [Tk, H, 128]
-  TensorView o;    // bf16 [Tq, H, 128]
-  TensorView lse;  // f32 [Tq, H]
+  TensorView o;    // bf16 [Tq, H, 128]; in/out when merge_into_output
+  TensorView lse;  // f32 [Tq, H]; in/out (and required) when merge_into_output
   float sm_scale = 0.f;
   const void* plan = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // (o, lse) already hold a state of the same rows over other keys (a previous pass): the op
+  // merges its result into them as MergeOp does (below), from its fp32 state, instead of
+  // overwriting them. A row that sees no key here keeps (o, lse) as they were (both empty:
+  // o = 0, lse = -inf). Rows of the plan only; o and lse elsewhere are not touched. The chunked
+  // prefix path uses it, so it needs no second output buffer and no merge pass per chunk.
+  bool merge_into_output = false;
 };
 
 class MhaAttentionOp {

@@ -53,6 +53,9 @@ struct ConformanceCase {
 
   // merge: head dim D of o (512 or 128).
   int merge_dim = 128;
+  // mha: o / lse start as a random state (empty rows included) that the op merges its result
+  // into (MhaArgs::merge_into_output); the reference is the merge of that state and attention.
+  bool merge_into_output = false;
 
   // head_gemm: y[t,h] = x[t,h] @ W_h (or W_h^T). The canonical shapes are q_abs
   // (K 128, N 512, transpose false, y written into the first 512 columns of a [T,H,576] buffer)

@@ -256,8 +256,26 @@ void add_mha(Builder& b, ConformanceScope scope) {
     c.q_lens = {7, 3, 5};
     c.kv_lens = {16, 0, 9};
     b.add(c, stem(c, "noncausal_kv0_row"));
+    // The chunked prefix path: a chunk's attention merged into the state of earlier passes.
+    c.merge_into_output = true;
+    b.add(c, stem(c, "noncausal_kv0_row_merge"));
   }
   if (!full) return;
+  {
+    ConformanceCase c = attn(OpKind::kMha, "chunk", 128, 1);
+    c.causal = false;
+    c.merge_into_output = true;
+    c.q_lens = {130, 1, 64};
+    c.kv_lens = {200, 0, 129};
+    b.add(c, stem(c, "noncausal_merge_multi_tile"));
+  }
+  {
+    ConformanceCase c = attn(OpKind::kMha, "extend", 32, 1);
+    c.merge_into_output = true;
+    c.q_lens = {20, 1, 0};
+    c.kv_lens = {150, 1, 7};
+    b.add(c, stem(c, "causal_merge"));
+  }
   {
     ConformanceCase c = attn(OpKind::kMha, "chunk", 128, 1);
     c.causal = false;

@@ -260,6 +260,26 @@ StatusOr<Prepared> prepare_absorbed(const OpSet& ops, const ConformanceCase& c, 
   return p;
 }
 
+std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+// A random partial state's LSEs for `rows` rows, with every kind of row a merge meets: empty
+// (-inf) on either side or both, and one side dominating by far. `other` (may be empty) is the
+// second state's, adjusted in place to make those patterns.
+std::vector<float> random_state_lse(int64_t rows, Rng& rng, std::vector<float>* other) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<float> lse(static_cast<std::size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    lse[i] = static_cast<float>(rng.normal() * 3.0);
+    if (i % 7 == 3) lse[i] = -kInf;  // only the other state has keys
+    if (other == nullptr) continue;
+    float& b = (*other)[i];
+    if (i % 11 == 5) b = -kInf;           // only this one has keys
+    if (i % 13 == 0) lse[i] = b = -kInf;  // neither: o = 0, lse = -inf
+    if (i % 17 == 8) b = lse[i] + 40.0f;  // b dominates (exp underflows in fp32)
+  }
+  return lse;
+}
+
 StatusOr<Prepared> prepare_mha(const OpSet& ops, const ConformanceCase& c, Harness& h) {
   Prepared p;
   if (!ops.mha) return Prepared{{}, {}, "mha op not in this set"};
@@ -278,8 +298,25 @@ StatusOr<Prepared> prepare_mha(const OpSet& ops, const ConformanceCase& c, Harne
   MLA_ASSIGN_OR_RETURN(void* q_dev, h.upload(as_bytes_of(q), "q"));
   MLA_ASSIGN_OR_RETURN(void* k_dev, h.upload(as_bytes_of(k), "k"));
   MLA_ASSIGN_OR_RETURN(void* v_dev, h.upload(as_bytes_of(v), "v"));
-  MLA_ASSIGN_OR_RETURN(OutputSpec * o, h.output("o", DType::kBF16, {tq, hc, kVHeadDim}));
-  MLA_ASSIGN_OR_RETURN(OutputSpec * lse, h.output("lse", DType::kF32, {tq, hc}));
+  // merge_into_output: the state (o, lse) starts from; its empty rows hold o = 0.
+  std::vector<bf16> o_init;
+  std::vector<float> lse_init;
+  std::vector<std::byte> o_init_bytes, lse_init_bytes;
+  if (c.merge_into_output) {
+    o_init = random_bf16(tq * hc * kVHeadDim, rng);
+    lse_init = random_state_lse(tq * hc, rng, nullptr);
+    for (int64_t i = 0; i < tq * hc; ++i) {
+      if (lse_init[i] != -std::numeric_limits<float>::infinity()) continue;
+      std::fill_n(o_init.begin() + i * kVHeadDim, kVHeadDim, bf16::from_float(0.f));
+    }
+    o_init_bytes = bytes_of_bf16(o_init);
+    const auto lb = as_bytes_of(lse_init);
+    lse_init_bytes.assign(lb.begin(), lb.end());
+  }
+  MLA_ASSIGN_OR_RETURN(OutputSpec * o,
+                       h.output("o", DType::kBF16, {tq, hc, kVHeadDim}, std::move(o_init_bytes)));
+  MLA_ASSIGN_OR_RETURN(OutputSpec * lse,
+                       h.output("lse", DType::kF32, {tq, hc}, std::move(lse_init_bytes)));
 
   const AttnCapacity cap = capacity_for(c);
   MhaProblem problem;
@@ -301,12 +338,17 @@ StatusOr<Prepared> prepare_mha(const OpSet& ops, const ConformanceCase& c, Harne
   args.plan = plan_dev;
   args.workspace = ws;
   args.workspace_bytes = ws_bytes;
+  args.merge_into_output = c.merge_into_output;
   const OpSet* set = &ops;
   const ExecContext ctx{d, nullptr};
   p.launch = [set, args, ctx] { return set->mha->run(args, ctx); };
 
   RefAttention ref = reference_mha(to_float(q), to_float(k), to_float(v), qo_indptr, kv_indptr, hc,
                                    c.sm_scale, c.causal);
+  if (c.merge_into_output) {
+    ref = reference_merge(widen(to_float(o_init)), widen(lse_init), ref.o, ref.lse, tq * hc,
+                          kVHeadDim);
+  }
   p.expected.push_back({std::move(ref.o), default_tolerance(DType::kBF16), false});
   p.expected.push_back({std::move(ref.lse), lse_tol(), true});
   return p;
@@ -319,16 +361,9 @@ StatusOr<Prepared> prepare_merge(const OpSet& ops, const ConformanceCase& c, Har
   const int hc = c.num_heads, dim = c.merge_dim;
   const int64_t t = c.num_tokens, rows = t * hc;
   std::vector<bf16> o_a = random_bf16(rows * dim, rng), o_b = random_bf16(rows * dim, rng);
-  std::vector<float> lse_a(static_cast<std::size_t>(rows)), lse_b(lse_a.size());
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < rows; ++i) {
-    lse_a[i] = static_cast<float>(rng.normal() * 3.0);
-    lse_b[i] = static_cast<float>(rng.normal() * 3.0);
-    if (i % 7 == 3) lse_a[i] = -kInf;              // only b has keys
-    if (i % 11 == 5) lse_b[i] = -kInf;             // only a has keys
-    if (i % 13 == 0) lse_a[i] = lse_b[i] = -kInf;  // neither: o = 0, lse = -inf
-    if (i % 17 == 8) lse_b[i] = lse_a[i] + 40.0f;  // b dominates (exp underflows in fp32)
-  }
+  std::vector<float> lse_b(static_cast<std::size_t>(rows));
+  for (float& x : lse_b) x = static_cast<float>(rng.normal() * 3.0);
+  std::vector<float> lse_a = random_state_lse(rows, rng, &lse_b);
   const Device d = h.device();
   MLA_ASSIGN_OR_RETURN(void* o_b_dev, h.upload(as_bytes_of(o_b), "o_b"));
   MLA_ASSIGN_OR_RETURN(void* lse_b_dev, h.upload(as_bytes_of(lse_b), "lse_b"));
@@ -346,7 +381,8 @@ StatusOr<Prepared> prepare_merge(const OpSet& ops, const ConformanceCase& c, Har
   const OpSet* set = &ops;
   const ExecContext ctx{d, nullptr};
   p.launch = [set, args, ctx] { return set->merge->run(args, ctx); };
-  RefAttention ref = reference_merge(to_float(o_a), lse_a, to_float(o_b), lse_b, rows, dim);
+  RefAttention ref = reference_merge(widen(to_float(o_a)), widen(lse_a), widen(to_float(o_b)),
+                                     widen(lse_b), rows, dim);
   p.expected.push_back({std::move(ref.o), default_tolerance(DType::kBF16), false});
   p.expected.push_back({std::move(ref.lse), lse_tol(), true});
   return p;

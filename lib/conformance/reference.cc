@@ -139,9 +139,9 @@ RefAttention reference_mha(std::span<const float> q, std::span<const float> k,
   return r;
 }
 
-RefAttention reference_merge(std::span<const float> o_a, std::span<const float> lse_a,
-                             std::span<const float> o_b, std::span<const float> lse_b, int64_t rows,
-                             int dim) {
+RefAttention reference_merge(std::span<const double> o_a, std::span<const double> lse_a,
+                             std::span<const double> o_b, std::span<const double> lse_b,
+                             int64_t rows, int dim) {
   RefAttention r;
   r.o.assign(static_cast<std::size_t>(rows * dim), 0.0);
   r.lse.assign(static_cast<std::size_t>(rows), kNegInf);

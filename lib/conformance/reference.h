@@ -49,9 +49,9 @@ RefAttention reference_mha(std::span<const float> q, std::span<const float> k,
                            bool causal);
 
 // Merge of two partial states, rows = T * H, o [rows, dim], lse [rows].
-RefAttention reference_merge(std::span<const float> o_a, std::span<const float> lse_a,
-                             std::span<const float> o_b, std::span<const float> lse_b, int64_t rows,
-                             int dim);
+RefAttention reference_merge(std::span<const double> o_a, std::span<const double> lse_a,
+                             std::span<const double> o_b, std::span<const double> lse_b,
+                             int64_t rows, int dim);
 
 // Latent KV write: the stored value of each written row, [T, 576] = [c_kv | k_pe]
 // (divided by k_scale for fp8). c_kv [T, 512], k_pe [T, 64] contiguous.

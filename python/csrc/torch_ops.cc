@@ -254,7 +254,7 @@ void mha_plan(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, int64_t 
 
 void mha_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& plan,
              const at::Tensor& workspace, const at::Tensor& o, const at::Tensor& lse,
-             double sm_scale) {
+             double sm_scale, bool merge_into_output) {
   constexpr std::string_view op = "mha_run";
   const at::Device dev = q.device();
   check_same_device(
@@ -274,6 +274,7 @@ void mha_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   a.plan = plan.data_ptr();
   a.workspace = workspace.numel() ? workspace.data_ptr() : nullptr;
   a.workspace_bytes = static_cast<std::size_t>(workspace.numel());
+  a.merge_into_output = merge_into_output;
   throw_if_error(set.mha->run(a, exec_context(dev)), op);
 }
 
@@ -371,7 +372,7 @@ TORCH_LIBRARY(mla, m) {
       "int max_q_len) -> ()");
   m.def(
       "mha_run(Tensor q, Tensor k, Tensor v, Tensor plan, Tensor(a!) workspace, Tensor(b!) o, "
-      "Tensor(c!) lse, float sm_scale) -> ()");
+      "Tensor(c!) lse, float sm_scale, bool merge_into_output=False) -> ()");
   m.def("merge_state_(Tensor(a!) o_acc, Tensor(b!) lse_acc, Tensor o_b, Tensor lse_b) -> ()");
   m.def(
       "kv_write(Tensor c_kv, Tensor k_pe, Tensor out_cache_loc, Tensor(a!) kv_cache, "

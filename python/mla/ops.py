@@ -194,13 +194,18 @@ class MhaPlan:
         self.planned = True
         return self
 
-    def run(self, q, k, v, o, lse, sm_scale: float):
+    def run(self, q, k, v, o, lse, sm_scale: float, *, merge: bool = False):
+        """Writes (o, lse). With merge=True, (o, lse) already hold a state of the same rows
+        over other keys (an earlier chunk of a prefix) and the result is merged into it, as
+        merge_state_ would, but from the kernel's fp32 state and without a second output: a
+        row that sees no key here keeps its state."""
         if not self.planned:
             raise RuntimeError("MhaPlan.run: plan() was not called")
         if q.dim() != 3 or q.shape[1] != self.num_heads:
             raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
                              f"[tokens, {self.num_heads}, 192]")
-        ops.mha_run(q, k, v, self._staging.plan, self.workspace, o, lse, float(sm_scale))
+        ops.mha_run(q, k, v, self._staging.plan, self.workspace, o, lse, float(sm_scale),
+                    bool(merge))
         return o, lse
 
 

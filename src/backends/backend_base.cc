@@ -34,12 +34,9 @@ BackendBase::BackendBase(std::string name, const BackendContext& ctx, const OpSe
 void BackendBase::carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s) {
   const auto H = static_cast<std::size_t>(n.num_heads);
   const auto rows = static_cast<std::size_t>(n.kv_rows);
-  const auto tmp = static_cast<std::size_t>(n.tmp_tokens);
   s->slots = c.carve_as<int32_t>("slots", static_cast<std::size_t>(n.num_slots));
   s->k = c.carve("k", rows * H * kQkHeadDim * 2);
   s->v = c.carve("v", rows * H * kVHeadDim * 2);
-  s->o_tmp = c.carve("o_tmp", tmp * H * kVHeadDim * 2);
-  s->lse_tmp = c.carve_as<float>("lse_tmp", tmp * H);
   s->up_ws = c.carve("up_project", n.up_bytes);
   s->up_ws_bytes = n.up_bytes;
 }
@@ -219,12 +216,11 @@ Status BackendBase::layout_op_scratch(std::size_t op_bytes) {
   return carver.status();
 }
 
-Status BackendBase::layout_chunk_scratch(int64_t num_slots, int64_t kv_rows, int64_t tmp_tokens) {
+Status BackendBase::layout_chunk_scratch(int64_t num_slots, int64_t kv_rows) {
   ChunkCarves n;
   n.num_heads = options_.model.num_heads;
   n.num_slots = num_slots;
   n.kv_rows = kv_rows;
-  n.tmp_tokens = tmp_tokens;
   n.up_bytes = ops_->up_project ? ops_->up_project->workspace_bytes(kv_rows, n.num_heads) : 0;
   return carve_buffer(mha_chunk_kv_,
                       [&](WorkspaceCarver& c) { carve_chunk_scratch(c, n, &chunk_scratch_); });
@@ -291,7 +287,7 @@ Status BackendBase::plan_mha_main(ForwardMethod method) {
             slot_of_token(table.data(), pc.max_context_len, host_.req_rows[b], i, pc.page_size));
       }
     }
-    MLA_RETURN_IF_ERROR(layout_chunk_scratch(kv_tokens_, kv_tokens_, 0));
+    MLA_RETURN_IF_ERROR(layout_chunk_scratch(kv_tokens_, kv_tokens_));
     MLA_RETURN_IF_ERROR(
         upload(chunk_scratch_.slots, host_.slots.data(), host_.slots.size() * sizeof(int32_t)));
   }
@@ -305,14 +301,14 @@ Status BackendBase::plan_mha_chunks() {
   if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
   const KvPoolConfig& pc = pool_->config();
   // This batch's chunk capacity: the rows the mha_chunk_kv budget leaves after the slot list
-  // and the per-new-token partials (layout_chunk_scratch carves all of them from that buffer).
+  // (layout_chunk_scratch carves both from that buffer). The chunks' attention merges into the
+  // layer's (o, lse) itself (MhaArgs::merge_into_output): no per-new-token partials here.
   const int H = options_.model.num_heads;
   int64_t prefix_total = 0;
   for (int32_t p : host_.prefix_lens) prefix_total += p;
-  ChunkCarves fixed_carves;  // what does not grow with the rows: slot list, per-token partials
+  ChunkCarves fixed_carves;  // what does not grow with the rows: the slot list
   fixed_carves.num_heads = H;
   fixed_carves.num_slots = prefix_total;
-  fixed_carves.tmp_tokens = num_tokens_;
   const std::size_t fixed = chunk_carves_bytes(fixed_carves);
   const std::size_t budget = options_.mha_chunk_kv_budget_bytes;
   const int64_t capacity =
@@ -366,8 +362,7 @@ Status BackendBase::plan_mha_chunks() {
   }
   MLA_RETURN_IF_ERROR(layout_op_scratch(op_ws));
   if (C > 0) {
-    MLA_RETURN_IF_ERROR(
-        layout_chunk_scratch(to_i64(chunks_.kv_indices.size()), max_rows, num_tokens_));
+    MLA_RETURN_IF_ERROR(layout_chunk_scratch(to_i64(chunks_.kv_indices.size()), max_rows));
     MLA_RETURN_IF_ERROR(upload(chunk_scratch_.slots, chunks_.kv_indices.data(),
                                chunks_.kv_indices.size() * sizeof(int32_t)));
   }

@@ -140,22 +140,19 @@ class BackendBase : public AttentionBackend {
     int32_t* slots = nullptr;  // [num slots] chunk kv_indices or one-shot gather list
     void* k = nullptr;         // bf16 [N, H, 192]
     void* v = nullptr;         // bf16 [N, H, 128]
-    void* o_tmp = nullptr;     // bf16 [T, H, 128]
-    float* lse_tmp = nullptr;  // f32 [T, H]
     void* up_ws = nullptr;
     std::size_t up_ws_bytes = 0;
   };
 
   Status collect(const ForwardBatch& batch);  // fills host_ from the batch
   Status layout_op_scratch(std::size_t op_bytes);
-  Status layout_chunk_scratch(int64_t num_slots, int64_t kv_rows, int64_t tmp_tokens);
-  // What mha_chunk_kv holds: a slot list, up-projected k / v rows, per-new-token partials and
-  // the up-projection's workspace.
+  Status layout_chunk_scratch(int64_t num_slots, int64_t kv_rows);
+  // What mha_chunk_kv holds: a slot list, up-projected k / v rows and the up-projection's
+  // workspace.
   struct ChunkCarves {
     int num_heads = 0;
     int64_t num_slots = 0;
     int64_t kv_rows = 0;
-    int64_t tmp_tokens = 0;
     std::size_t up_bytes = 0;
   };
   static void carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s);

@@ -115,8 +115,9 @@ Status BackendBase::run_up_project(const AttentionInputs& in, const int32_t* slo
 }
 
 // MHA forms. Chunked: causal among the new tokens into (o, lse), then for every prefix chunk:
-// gather + up-project its rows, non-causal attention of all new tokens against it (a request
-// with no rows in the chunk gets o = 0, lse = -inf from the op itself), merge into (o, lse).
+// gather + up-project its rows, non-causal attention of all new tokens against it, merged into
+// (o, lse) by the attention op itself (MhaArgs::merge_into_output; a request with no rows in
+// the chunk keeps its state).
 Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& out,
                             const ExecContext& ctx) {
   const MhaAttentionOp* op = ops_->mha.get();
@@ -161,26 +162,15 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
   MLA_RETURN_IF_ERROR(op->run(args, ctx));
   if (!chunked) return Status::Ok();
 
-  const MergeOp* merge = ops_->merge.get();
-  if (merge == nullptr) return unsupported("{}: op set '{}' has no merge op", name_, ops_->name);
-  const TensorView o_tmp = view(chunk_scratch_.o_tmp, DType::kBF16, dev, {T, H, kVHeadDim});
-  const TensorView lse_tmp = view(chunk_scratch_.lse_tmp, DType::kF32, dev, {T, H});
   for (int c = 0; c < chunks_.num_chunks; ++c) {
     const int64_t n = chunks_.num_tokens[c];
     MLA_RETURN_IF_ERROR(run_up_project(in, chunk_scratch_.slots + chunks_.kv_offsets[c], n, ctx));
     MhaArgs chunk = args;
     chunk.k = view(chunk_scratch_.k, DType::kBF16, dev, {n, H, kQkHeadDim});
     chunk.v = view(chunk_scratch_.v, DType::kBF16, dev, {n, H, kVHeadDim});
-    chunk.o = o_tmp;
-    chunk.lse = lse_tmp;
+    chunk.merge_into_output = true;
     chunk.plan = static_cast<const std::byte*>(mha_chunk_plan_.data()) + chunk_plan_offsets_[c];
     MLA_RETURN_IF_ERROR(op->run(chunk, ctx));
-    MergeArgs m;
-    m.o_acc = out.o;
-    m.lse_acc = lse;
-    m.o_b = o_tmp;
-    m.lse_b = lse_tmp;
-    MLA_RETURN_IF_ERROR(merge->run(m, ctx));
   }
   return Status::Ok();
 }

@@ -131,17 +131,15 @@ TEST(Reference, SplitKeysMergeToSinglePass) {
     RefAttention b = dense_attention(q, std::span<const float>(k).subspan(s * heads * dqk),
                                      std::span<const float>(v).subspan(s * heads * dv), tq, n - s,
                                      heads, heads, dqk, dv, 0.3, false);
-    std::vector<float> oa(a.o.begin(), a.o.end()), ob(b.o.begin(), b.o.end());
-    std::vector<float> la(a.lse.begin(), a.lse.end()), lb(b.lse.begin(), b.lse.end());
-    RefAttention m = reference_merge(oa, la, ob, lb, tq * heads, dv);
+    RefAttention m = reference_merge(a.o, a.lse, b.o, b.lse, tq * heads, dv);
     EXPECT_LT(max_abs_diff(m.o, whole.o), 1e-6) << "split " << s;
     EXPECT_LT(max_abs_diff(m.lse, whole.lse), 1e-6) << "split " << s;
   }
 }
 
 TEST(Reference, MergeOfTwoEmptyRowsIsEmpty) {
-  const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> oa = {5, 6}, ob = {7, 8}, la = {-inf}, lb = {-inf};
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> oa = {5, 6}, ob = {7, 8}, la = {-inf}, lb = {-inf};
   RefAttention m = reference_merge(oa, la, ob, lb, 1, 2);
   EXPECT_EQ(m.o[0], 0.0);
   EXPECT_EQ(m.o[1], 0.0);

@@ -170,6 +170,42 @@ def test_mha_matches_oracle(device, heads, causal):
     assert oracle.lse_close(lse, ref_lse) < 1e-2
 
 
+def test_mha_merge_over_split_keys_equals_one_pass(device):
+    """Non-causal attention over keys split in two (the second part empty for one request),
+    the second pass merged into the first's (o, lse): the single pass over all keys."""
+    g = torch.Generator().manual_seed(29)
+    heads, q_lens, first, second = 32, [4, 130, 1], [10, 70, 0], [6, 0, 200]
+    qo = [0] + list(itertools.accumulate(q_lens))
+    kv_all = [a + b for a, b in zip(first, second)]
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g) * 0.5).to(torch.bfloat16).to(device)
+
+    q = rand(qo[-1], heads, 192)
+    k = [rand(n, heads, 192) for n in kv_all]
+    v = [rand(n, heads, 128) for n in kv_all]
+
+    def part(lens, lo):
+        kvp = [0] + list(itertools.accumulate(lens))
+        pk = torch.cat([k[b][lo[b]:lo[b] + lens[b]] for b in range(3)])
+        pv = torch.cat([v[b][lo[b]:lo[b] + lens[b]] for b in range(3)])
+        plan = ops.MhaPlan(device, heads, causal=False, max_batch=3, max_q_tokens=qo[-1],
+                           max_kv_tokens=max(kvp[-1], 1))
+        return plan.plan(qo, kvp), pk, pv, kvp
+
+    sm = 1 / math.sqrt(192)
+    o = torch.full((qo[-1], heads, 128), float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((qo[-1], heads), float("nan"), dtype=torch.float32, device=device)
+    plan, pk, pv, _ = part(first, [0, 0, 0])
+    plan.run(q, pk, pv, o, lse, sm)
+    plan, pk, pv, _ = part(second, first)
+    plan.run(q, pk, pv, o, lse, sm, merge=True)
+    kvp = [0] + list(itertools.accumulate(kv_all))
+    ref_o, ref_lse = oracle.mha(q, torch.cat(k), torch.cat(v), qo, kvp, sm, False)
+    assert oracle.rel_err(o, ref_o) < 1e-2
+    assert oracle.lse_close(lse, ref_lse) < 1e-2
+
+
 def test_merge_state_matches_oracle(device):
     g = torch.Generator().manual_seed(5)
     T, H, D = 7, 16, 512

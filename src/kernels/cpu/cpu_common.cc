@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_common.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -246,6 +247,24 @@ void finish_row(const float* acc, float m, float l, int dv, uint16_t* o, float* 
   const float inv = 1.f / l;
   for (int d = 0; d < dv; ++d) o[d] = float_to_bf16_bits(acc[d] * inv);
   if (lse) *lse = m + std::log(l);
+}
+
+void merge_row(const float* acc, float m, float l, int dv, uint16_t* o, float* lse) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const float la = *lse;
+  const float lb = l > 0.f ? m + std::log(l) : kNegInf;
+  const float mx = std::max(la, lb);
+  if (mx == kNegInf) {  // neither state saw a key
+    std::fill(o, o + dv, uint16_t{0});
+    *lse = kNegInf;
+    return;
+  }
+  if (lb == kNegInf) return;  // this pass saw no key: the state stays as it is
+  const float wa = std::exp(la - mx), wb = std::exp(lb - mx);
+  const float inv = 1.f / (wa + wb);
+  const float ca = wa * inv, cb = wb * inv / l;
+  for (int d = 0; d < dv; ++d) o[d] = float_to_bf16_bits(ca * bf16_to_float(o[d]) + cb * acc[d]);
+  *lse = mx + std::log(wa + wb);
 }
 
 }  // namespace mla::cpu

@@ -91,6 +91,12 @@ void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const flo
 void finish_row(const float* acc /* [dv] */, float m, float l, int dv, uint16_t* o /* [dv] */,
                 float* lse);
 
+// Merges one finished row into a state already in (o, *lse) (MhaArgs::merge_into_output): the
+// row's own state is o_b = acc / l, lse_b = m + log(l) (empty when l == 0), and the result is
+// SYSTEM.md 1's merge of the two, rounded to bf16 once. lse must not be null.
+void merge_row(const float* acc /* [dv] */, float m, float l, int dv, uint16_t* o /* [dv] */,
+               float* lse);
+
 // Factories of the cpu ops (one file each).
 std::shared_ptr<const AbsorbedAttentionOp> make_absorbed_op();
 std::shared_ptr<const MhaAttentionOp> make_mha_op();

@@ -137,6 +137,8 @@ class CpuMhaOp final : public MhaAttentionOp {
                   "k has {} rows and v {}, plan has {} kv tokens", a.k.shape[0], a.v.shape[0],
                   h.total_kv);
     const bool want_lse = a.lse.data != nullptr;
+    MLA_CHECK_ARG(want_lse || !a.merge_into_output,
+                  "cpu mha: merge_into_output needs lse (the state merged into), lse is null");
     if (want_lse) {
       MLA_RETURN_IF_ERROR(expect_tensor(a.lse, "lse", DType::kF32, {-1, hc}, dev, false));
       MLA_CHECK_ARG(a.lse.shape[0] >= h.total_q, "lse: {} rows, plan has {} query tokens",
@@ -199,7 +201,12 @@ class CpuMhaOp final : public MhaAttentionOp {
           float* lse = want_lse
                            ? a.lse.ptr<float>() + tok * a.lse.stride[0] + head * a.lse.stride[1]
                            : nullptr;
-          finish_row(s.acc + static_cast<int64_t>(j) * kDv, s.m[j], s.l[j], kDv, o, lse);
+          const float* acc = s.acc + static_cast<int64_t>(j) * kDv;
+          if (a.merge_into_output) {
+            merge_row(acc, s.m[j], s.l[j], kDv, o, lse);
+          } else {
+            finish_row(acc, s.m[j], s.l[j], kDv, o, lse);
+          }
         }
       }
     });

@@ -63,6 +63,8 @@ class CudaMhaOp final : public MhaAttentionOp {
       MLA_CHECK_ARG(a.lse.stride[1] == 1, "lse: heads must be contiguous, got {}",
                     a.lse.describe());
     }
+    MLA_CHECK_ARG(!a.merge_into_output || !a.lse.empty(),
+                  "cuda mha: merge_into_output needs lse (the state merged into), lse is empty");
     MLA_CHECK_ARG(a.plan != nullptr, "cuda mha: plan is null (upload plan() output first)");
     MLA_CHECK_ARG(std::isfinite(a.sm_scale) && a.sm_scale > 0.f, "cuda mha: sm_scale = {}",
                   a.sm_scale);
@@ -86,6 +88,7 @@ class CudaMhaOp final : public MhaAttentionOp {
     p.lse_row_stride = a.lse.empty() ? 0 : a.lse.stride[0];
     p.num_heads = static_cast<int>(h);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+    p.merge_into_output = a.merge_into_output ? 1 : 0;
     MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.q, 192, p.q_tmap),
                    "cuda mha: the driver rejected a TMA tensor map of q ({})", a.q.describe());
     if (tk > 0) {

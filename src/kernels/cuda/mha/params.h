@@ -47,6 +47,9 @@ struct MhaParams {
   int64_t lse_row_stride;  // elements between tokens; heads contiguous
   int num_heads;
   float scale_log2;  // sm_scale * log2(e)
+  // MhaArgs::merge_into_output: o / lse hold a state of the same rows; the epilogue merges the
+  // unit's fp32 state into it (lse is then not null).
+  int merge_into_output;
   // TMA tensor maps (CUtensorMap) of q, k, v as 3-D tensors {dim, head, token}, boxes of 64
   // columns x 1 head x 128 tokens, 128-byte swizzle; read through the kernel parameter
   // (__grid_constant__). k / v are unused (not encoded) when no request has keys.

@@ -32,6 +32,7 @@ using T9 = MhaTraits;
 
 using sm90::exp2_ftz;
 using sm90::pack_bf16;
+using sm90::unpack_bf16;
 
 // Named barriers (0 is __syncthreads): kTurn + w: warpgroup w may issue its wgmmas (the other
 // warpgroup arrives after issuing its own).
@@ -129,10 +130,27 @@ __device__ __forceinline__ void issue_pv(float (&o)[T9::kHeadDimV / 2],
 }
 
 // Normalises and stores the thread's two rows; a row that saw no key gets o = 0, lse = -inf.
+// With p.merge_into_output the rows' state already in (o, lse) is merged with the unit's
+// (SYSTEM.md 1, in the log2 domain): weights wa = 2^(lse_old - M) and wb = 2^(lse_new - M) of
+// M = max; a row this unit saw no key of keeps its state; both empty: o = 0, lse = -inf.
 __device__ __forceinline__ void write_o(const MhaParams& p, const MhaTile& tile, int head,
                                         float (&o)[T9::kHeadDimV / 2], const float (&m)[2],
                                         float (&l)[2], int row0, int lane) {
+  constexpr float kLn2 = 0.69314718055994531f, kLog2e = 1.4426950408889634f;
   const int t = lane & 3;
+  // The previous state's lse, read by all four threads of a row before its first thread
+  // overwrites it (the __syncwarp orders the reads before any write of the warp).
+  float lse_old[2] = {-INFINITY, -INFINITY};
+  if (p.merge_into_output) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + r * 8;
+      if (row < tile.q_rows) {
+        lse_old[r] = p.lse[(tile.q_start + row) * p.lse_row_stride + head] * kLog2e;
+      }
+    }
+    __syncwarp();
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -140,17 +158,40 @@ __device__ __forceinline__ void write_o(const MhaParams& p, const MhaTile& tile,
     const int row = row0 + r * 8;
     if (row >= tile.q_rows) continue;
     const bool empty = l[r] == 0.f;
-    const float inv = empty ? 0.f : 1.f / l[r];
     const int64_t q_row = tile.q_start + row;
     uint16_t* dst = p.o + q_row * p.o_row_stride + head * p.o_head_stride + 2 * t;
+    float* lse_dst = p.lse != nullptr ? p.lse + q_row * p.lse_row_stride + head : nullptr;
+    if (p.merge_into_output) {
+      if (empty && lse_old[r] != -INFINITY) continue;  // an empty state changes nothing
+      if (empty) {                                     // neither state saw a key: o = 0, lse = -inf
+#pragma unroll
+        for (int d = 0; d < T9::kHeadDimV / 8; ++d) *reinterpret_cast<uint32_t*>(dst + d * 8) = 0u;
+        if (t == 0) *lse_dst = -INFINITY;
+        continue;
+      }
+      const float lse_new = m[r] + log2f(l[r]);
+      const float mx = fmaxf(lse_old[r], lse_new);
+      const float wa = exp2f(lse_old[r] - mx), wb = exp2f(lse_new - mx);  // wa = 0 when old empty
+      const float inv = 1.f / (wa + wb);
+      const float ca = wa * inv, cb = wb * inv / l[r];
+#pragma unroll
+      for (int d = 0; d < T9::kHeadDimV / 8; ++d) {
+        auto* pair = reinterpret_cast<uint32_t*>(dst + d * 8);
+        const float2 old = unpack_bf16(*pair);
+        *pair =
+            pack_bf16(ca * old.x + cb * o[4 * d + 2 * r], ca * old.y + cb * o[4 * d + 2 * r + 1]);
+      }
+      if (t == 0) *lse_dst = (mx + log2f(wa + wb)) * kLn2;
+      continue;
+    }
+    const float inv = empty ? 0.f : 1.f / l[r];
 #pragma unroll
     for (int d = 0; d < T9::kHeadDimV / 8; ++d) {
       *reinterpret_cast<uint32_t*>(dst + d * 8) =
           pack_bf16(o[4 * d + 2 * r] * inv, o[4 * d + 2 * r + 1] * inv);
     }
-    if (p.lse != nullptr && t == 0) {
-      p.lse[q_row * p.lse_row_stride + head] =
-          empty ? -INFINITY : (m[r] + log2f(l[r])) * 0.69314718055994531f;
+    if (lse_dst != nullptr && t == 0) {
+      *lse_dst = empty ? -INFINITY : (m[r] + log2f(l[r])) * kLn2;
     }
   }
 }

@@ -52,6 +52,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// bf16x2 (lo in the low half) -> two floats, exact.
+__device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
 // Eight e4m3 values (a uint2, low byte first) -> eight bf16 (a uint4) holding each value times
 // 2^-120 (kFp8Bf16Exp2), exact for every finite e4m3 code. The e4m3 bits (sign, 4 exponent, 3
 // mantissa bits, bias 7) placed in a bf16 (sign, 8, 7, bias 127) with the exponent at bits 10..7
