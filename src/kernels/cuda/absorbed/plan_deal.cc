@@ -368,34 +368,46 @@ void cut_invariant(const Batch& in, int num_ctas, PlanOut& out) {
 
 bool deal_whole(const Batch& in, int write_groups, int ctas_per_group, int64_t max_load,
                 PlanOut& out) {
-  struct Scratch {  // reused across plans on this thread
-    std::vector<int32_t> req, cost, order, cta, per_cta, at, by_cta, count;
+  struct Scratch {  // reused across plans on this thread (only grown)
+    std::vector<int32_t> req, cost, order, count;
     std::vector<int64_t> q_row, load;
     std::vector<uint64_t> keys;
   };
   thread_local Scratch w;
+  // The loops below work through local pointers: stores through std::byte* (the plan) may
+  // alias anything, so members of the thread_local scratch would be reloaded after every store.
+  const std::size_t bs = static_cast<std::size_t>(in.bs);
+  if (w.req.size() < bs) {
+    w.req.resize(bs);
+    w.cost.resize(bs);
+    w.q_row.resize(bs);
+  }
+  int32_t* const req = w.req.data();
+  int32_t* const cost = w.cost.data();
+  int64_t* const req_q_row = w.q_row.data();
+  const int32_t* const q_lens = in.q_lens;
+  const int32_t* const kv_lens = in.kv_lens;
+  const int64_t heads = in.heads;
   // 1. The items: the requests with rows, each costing its last row tile (all kv_len keys).
-  w.req.clear();
-  w.cost.clear();
-  w.q_row.clear();
+  std::size_t n = 0;
   int64_t q_row = 0, units = 0;
   int32_t lo = INT32_MAX, hi = 0;
-  for (int b = 0; b < in.bs; ++b) {
-    const int32_t ql = in.q_lens[b];
-    const int64_t rows = int64_t{ql} * in.heads;
+  for (std::size_t b = 0; b < bs; ++b) {
+    const int32_t ql = q_lens[b];
+    const int64_t rows = int64_t{ql} * heads;
     if (ql > 0) {
       const int32_t c = static_cast<int32_t>(
-          (static_cast<uint32_t>(in.kv_lens[b]) + kBlockN - 1) / kBlockN + kUnitCost);
-      w.req.push_back(b);
-      w.cost.push_back(c);
-      w.q_row.push_back(q_row);
+          (static_cast<uint32_t>(kv_lens[b]) + kBlockN - 1) / kBlockN + kUnitCost);
+      req[n] = static_cast<int32_t>(b);
+      cost[n] = c;
+      req_q_row[n] = q_row;
+      ++n;
       lo = std::min(lo, c);
       hi = std::max(hi, c);
       units += (rows + in.rows_tile - 1) / in.rows_tile;
     }
     q_row += rows;
   }
-  const std::size_t n = w.req.size();
   // Some CTA takes ceil(n / CTAs) requests of at least lo key tiles each: past max_load, no
   // dealing can keep the bound (checked before the sort, so a batch that splits pays little).
   const std::size_t per = static_cast<std::size_t>(ctas_per_group);
@@ -410,49 +422,56 @@ bool deal_whole(const Batch& in, int write_groups, int ctas_per_group, int64_t m
   // no heap walk per request (least loaded was 60 % of this function's time at batch 256).
   const bool uniform = lo == hi;
   if (!uniform && hi - lo < 4096) {
-    w.order.resize(n);
+    if (w.order.size() < n) w.order.resize(n);
     w.count.assign(static_cast<std::size_t>(hi - lo) + 2, 0);
-    for (std::size_t i = 0; i < n; ++i) ++w.count[static_cast<std::size_t>(hi - w.cost[i]) + 1];
-    for (std::size_t k = 1; k < w.count.size(); ++k) w.count[k] += w.count[k - 1];
-    for (std::size_t i = 0; i < n; ++i) {
-      w.order[static_cast<std::size_t>(w.count[static_cast<std::size_t>(hi - w.cost[i])]++)] =
-          static_cast<int32_t>(i);
-    }
+    int32_t* const count = w.count.data();
+    int32_t* const order = w.order.data();
+    for (std::size_t i = 0; i < n; ++i) ++count[hi - cost[i] + 1];
+    for (int32_t k = 1; k <= hi - lo + 1; ++k) count[k] += count[k - 1];
+    for (std::size_t i = 0; i < n; ++i) order[count[hi - cost[i]]++] = static_cast<int32_t>(i);
   } else {
     longest_first(
-        n, [&](int32_t i) { return w.cost[static_cast<std::size_t>(i)]; }, uniform, w.keys,
-        w.order);
+        n, [&](int32_t i) { return cost[static_cast<std::size_t>(i)]; }, uniform, w.keys, w.order);
   }
-  w.cta.resize(n);
+  const int32_t* const order = w.order.data();
+  // Request k of the sorted order goes to CTA cta_of(k): position k mod per of round k / per,
+  // counted up the CTAs in even rounds (and always when uniform), down them in odd ones.
+  const auto cta_of = [uniform, per](std::size_t round, std::size_t at) {
+    return uniform || round % 2 == 0 ? at : per - 1 - at;
+  };
   w.load.assign(per, 0);
-  for (std::size_t k = 0; k < n; ++k) {
-    const std::size_t round = k / per, at = k % per;
-    const std::size_t c = uniform || round % 2 == 0 ? at : per - 1 - at;
-    const std::size_t i = static_cast<std::size_t>(w.order[k]);
-    w.cta[i] = static_cast<int32_t>(c);
-    w.load[c] += w.cost[i];
+  int64_t* const load = w.load.data();
+  for (std::size_t k = 0, round = 0, at = 0; k < n; ++k) {
+    load[cta_of(round, at)] += cost[order[k]];
+    if (++at == per) {
+      at = 0;
+      ++round;
+    }
   }
-  const int64_t makespan = n == 0 ? 0 : *std::max_element(w.load.begin(), w.load.end());
+  const int64_t makespan = n == 0 ? 0 : *std::max_element(load, load + per);
   if (makespan > max_load) return false;  // nothing written
   if (units > out.max_units) {
     out.overflow = true;
     return true;
   }
-  // 3. Items CTA-major, each CTA's in the order dealt.
-  cta_major(w.order, w.cta.data(), ctas_per_group, w.per_cta, w.at, w.by_cta);
-  // 4. The units: group g, CTA c runs row tile g of each request on c, all its keys.
+  // 3. The units, CTA-major: group g, CTA c runs row tile g of each request dealt to c (its
+  // position in every round, in the order dealt), all its keys.
+  std::byte* const units_out = out.units;
+  std::byte* const cta_begin = out.cta_begin;
+  const std::size_t rounds = (n + per - 1) / per;
   int32_t num_units = 0;
   for (int g = 0; g < write_groups; ++g) {
     const int64_t r = int64_t{g} * in.rows_tile;
-    for (int c = 0; c < ctas_per_group; ++c) {
-      store_i32(out.cta_begin + sizeof(int32_t) * static_cast<std::size_t>(g * ctas_per_group + c),
-                num_units);
-      for (int32_t j = w.per_cta[c]; j < w.per_cta[c + 1]; ++j) {
-        const std::size_t i = static_cast<std::size_t>(w.by_cta[static_cast<std::size_t>(j)]);
-        const int b = w.req[i];
-        if (r >= int64_t{in.q_lens[b]} * in.heads) continue;  // fewer row tiles
-        const TileRef t = tile_of(in, b, w.q_row[i], r);
-        store_unit(out.units + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++), t, 0,
+    for (std::size_t c = 0; c < per; ++c) {
+      store_i32(cta_begin + sizeof(int32_t) * (static_cast<std::size_t>(g) * per + c), num_units);
+      for (std::size_t round = 0; round < rounds; ++round) {
+        const std::size_t k = round * per + cta_of(round, c);
+        if (k >= n) continue;  // the last round's positions past n
+        const std::size_t i = static_cast<std::size_t>(order[k]);
+        const int b = req[i];
+        if (r >= int64_t{q_lens[b]} * heads) continue;  // fewer row tiles
+        const TileRef t = tile_of(in, b, req_q_row[i], r);
+        store_unit(units_out + sizeof(WorkUnit) * static_cast<std::size_t>(num_units++), t, 0,
                    t.tiles, -1);
       }
     }
