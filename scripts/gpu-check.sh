@@ -19,6 +19,8 @@
 #   bounded by GPU_SANITIZE_TIMEOUT seconds (default 300); tools in GPU_SANITIZE_TOOLS, filter
 #   GPU_SANITIZE_FILTER (default every test but the 10,000-request soak, SoakDevice.*, which the
 #   plain run covers)). A failed plain run reruns its first failed tests alone under memcheck.
+#   GPU_SKIP_ANCHORS=1: no cuDNN anchor rows (bench/python/cudnn_anchor.py, run after the
+#   first round's prefill / extend rows; GPU_ANCHOR_TIMEOUT, default 180 s).
 #   GPU_BENCH_REPEAT=N: N rounds (default 1): the first runs the benchmark as configured, later
 #   ones the quick decode grid, each followed by every A/B variant's quick grid, so A/B rows of
 #   one run interleave. GPU_BENCH_PAGES (e.g. 1,16,32,64,128) sets the quick decode grids' pages,
@@ -67,6 +69,20 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
       timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda "${quick[@]}" \
         "${first_pages[@]}" --ops "${GPU_BENCH_OPS:-decode,prefill,extend}" --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
         --out "$OUT/h200.jsonl" >> "$OUT/bench.log" 2>&1 || bench_rc=$?
+      # The same run's cuDNN anchors of the MHA rows (bench/python/cudnn_anchor.py: cuDNN
+      # through PyTorch SDPA, as PERF.md measured it; issue 11). GPU_SKIP_ANCHORS=1 leaves
+      # them out; the script ignores decode.
+      if [ "${GPU_SKIP_ANCHORS:-0}" != 1 ] && \
+         [[ ",${GPU_BENCH_OPS:-decode,prefill,extend}," =~ ,(prefill|extend), ]]; then
+        PYTHONUNBUFFERED=1 timeout "${GPU_ANCHOR_TIMEOUT:-180}" python3 \
+          "$root/bench/python/cudnn_anchor.py" --device cuda "${quick[@]}" \
+          --ops "${GPU_BENCH_OPS:-decode,prefill,extend}" --out "$OUT/h200.jsonl" \
+          >> "$OUT/bench.log" 2>&1 || anchor_rc=$?
+        python3 "$root/bench/python/cudnn_anchor.py" --compare "$OUT/h200.jsonl" \
+          > /tmp/anchor_lines 2>&1
+        summary+=("anchors    cuDNN rc=${anchor_rc:-0} (mla speed / cuDNN's, same run)")
+        while IFS= read -r l; do summary+=("           $l"); done < /tmp/anchor_lines
+      fi
       # GPU_BENCH_INVARIANT=1: the decode grid again with batch-invariant plans (issue 13 item 6).
       if [ "${GPU_BENCH_INVARIANT:-0}" = 1 ]; then
         timeout "${GPU_BENCH_TIMEOUT:-300}" "$mla" bench --device cuda "${quick[@]}" \
