@@ -19,6 +19,7 @@
 #   bounded by GPU_SANITIZE_TIMEOUT seconds (default 300); tools in GPU_SANITIZE_TOOLS, filter
 #   GPU_SANITIZE_FILTER (default every test but the 10,000-request soak, SoakDevice.*, which the
 #   plain run covers)). A failed plain run reruns its first failed tests alone under memcheck.
+#   GPU_AB_OPS (default decode): the ops of the variants' quick runs (e.g. decode,extend).
 #   GPU_SKIP_ANCHORS=1: no cuDNN anchor rows (bench/python/cudnn_anchor.py, run after the
 #   first round's prefill / extend rows; GPU_ANCHOR_TIMEOUT, default 180 s).
 #   GPU_BENCH_REPEAT=N: N rounds (default 1): the first runs the benchmark as configured, later
@@ -101,7 +102,7 @@ if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
         echo "== variant $label ($dir, $(cat "$dir/COMMIT" 2>/dev/null)), round $rep"
         MLA_BENCH_VARIANT="$label" MLA_COMMIT="$(cat "$dir/COMMIT" 2>/dev/null || echo unknown)" \
           timeout "${GPU_AB_BENCH_TIMEOUT:-150}" "$dir/mla" bench --device cuda --quick \
-          "${pages[@]}" --ops decode --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
+          "${pages[@]}" --ops "${GPU_AB_OPS:-decode}" --cache-dtype "${GPU_BENCH_DTYPES:-bf16}" \
           --out "$OUT/h200.jsonl"
         # GPU_AB_INVARIANT=1 (with GPU_BENCH_INVARIANT=1): round 1 also runs the variant's full
         # decode grid with batch-invariant plans (planner A/B).
