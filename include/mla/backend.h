@@ -147,6 +147,9 @@ class AttentionBackend {
   // The stream plan uploads are ordered on (cuda: a cudaStream_t; nullptr, the default, is the
   // legacy default stream). Set it to the stream the layers run on, e.g. a non-blocking compute
   // stream, before planning: uploads go through pinned staging memory and are enqueued on it.
+  // It also becomes the stream of the backend's kv pool (LatentKvPool::set_stream), so the
+  // pool's req_to_token uploads and copy-on-write copies are ordered before the kernels that
+  // read them: the backends of one pool run on one stream.
   virtual void set_stream(void* stream) { (void)stream; }
 
   // ---- additions for layers and tools ----

@@ -77,6 +77,15 @@ class LatentKvPool {
   // page_size (prefix cache hit). Pages are retained, not copied.
   Status share_prefix(int src, int dst, int32_t len);
 
+  // The stream the pool's own device work is ordered on: req_to_token row uploads and
+  // copy-on-write page copies (cuda: a cudaStream_t; nullptr, the default, is the legacy default
+  // stream). The kernels that read the table and the cache must run on it, or after it: a kernel
+  // on a non-blocking stream is not ordered after work on the legacy stream, and would read a
+  // row before its upload lands. AttentionBackend::set_stream sets it for the pool of its
+  // backend, so the backends of one pool share one stream.
+  void set_stream(void* stream) { stream_ = stream; }
+  void* stream() const { return stream_; }
+
   const PageAllocator& allocator() const { return allocator_; }
   int64_t free_pages() const { return allocator_.free_pages(); }
   BatchLimits batch_limits(int max_draft_tokens = 8) const;
@@ -91,6 +100,7 @@ class LatentKvPool {
   std::vector<int32_t> req_to_token_host_;
   std::vector<int32_t> request_lens_;  // [max_requests + 1], -1 = row free
   std::vector<int32_t> free_rows_;
+  void* stream_ = nullptr;
   Status sync_row(int row, int32_t from, int32_t to);  // upload part of one row
 };
 

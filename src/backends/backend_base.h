@@ -72,7 +72,10 @@ class BackendBase : public AttentionBackend {
   Status init_forward_metadata_capture_cuda_graph(const ForwardBatch& padded_batch) override;
   Status init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch, int padded_bs) override;
 
-  void set_stream(void* stream) override { stream_ = stream; }
+  void set_stream(void* stream) override {
+    stream_ = stream;
+    pool_->set_stream(stream);
+  }
   void* stream() const { return stream_; }
   const UploadStaging& staging() const { return staging_; }
 

@@ -202,7 +202,7 @@ Status LatentKvPool::sync_row(int row, int32_t from, int32_t to) {
       static_cast<std::size_t>(row) * config_.max_context_len + static_cast<std::size_t>(from);
   return rt->copy_to_device(req_to_token_dev_.as<int32_t>() + offset,
                             req_to_token_host_.data() + offset,
-                            static_cast<std::size_t>(to - from) * sizeof(int32_t), nullptr);
+                            static_cast<std::size_t>(to - from) * sizeof(int32_t), stream_);
 }
 
 #define MLA_CHECK_LIVE_ROW(field, row)                                                          \
@@ -256,7 +256,7 @@ Status LatentKvPool::extend_request(int row, int32_t new_len, std::vector<int32_
       Status s =
           rt->copy_device(base + static_cast<std::size_t>(page) * P * row_bytes,
                           base + static_cast<std::size_t>(cow_old_page) * P * row_bytes,
-                          static_cast<std::size_t>(old_len - first_changed) * row_bytes, nullptr);
+                          static_cast<std::size_t>(old_len - first_changed) * row_bytes, stream_);
       if (!s.ok()) {
         allocator_.release(fresh).ignore();
         return s;

@@ -239,5 +239,25 @@ TEST_F(BackendResources, MalformedBatchIsRejectedBeforePlanning) {
   EXPECT_EQ(b->planning_stats().absorbed_plans, 0u);
 }
 
+// set_stream orders the pool's own device work (req_to_token uploads, copy-on-write copies) on
+// the backend's stream too (tests/gpu/backend_stream_test.cc shows why on cuda); on the cpu the
+// stream is only a handle.
+TEST_F(BackendResources, SetStreamAlsoSetsThePoolsStream) {
+  EXPECT_EQ(pool_->stream(), nullptr);
+  for (const char* name : {"paged_mla", "chunked_mla", "ondemand_mla"}) {
+    auto b = make(name);
+    ASSERT_NE(b, nullptr);
+    int handle = 0;
+    b->set_stream(&handle);
+    EXPECT_EQ(pool_->stream(), static_cast<void*>(&handle)) << name;
+    auto row = pool_->alloc_request();
+    ASSERT_TRUE(row.ok());
+    EXPECT_TRUE(pool_->extend_request(*row, 20, nullptr).ok()) << name;
+    EXPECT_TRUE(pool_->free_request(*row).ok());
+    b->set_stream(nullptr);
+    EXPECT_EQ(pool_->stream(), nullptr) << name;
+  }
+}
+
 }  // namespace
 }  // namespace mla

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -201,6 +202,167 @@ TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
   cudaGraphDestroy(graph);
   cudaFree(busy);
   cudaFree(hist);
+  cudaFree(q);
+  cudaFree(o);
+  cudaFree(lse);
+  backend_or->reset();
+  cudaStreamDestroy(stream);
+}
+
+// The pool's own uploads (req_to_token rows of extend_request, copy-on-write pages) go on the
+// backend's stream (set_stream sets the pool's): with the legacy default stream kept busy, a
+// decode on a non-blocking stream right after each step's extend_request must still read the
+// new token's slot. Before, the pool uploaded on the legacy stream, which a non-blocking stream
+// is not ordered after: the kernel could read the row before its upload landed.
+TEST(CudaBackendStream, PoolUploadsAreOrderedOnTheBackendsStream) {
+  if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device";
+  Rng rng(mix_seed(base_seed(), 0x5748));
+  KvPoolConfig pc;
+  pc.num_layers = 1;
+  pc.num_pages = 600;
+  pc.page_size = kPage;
+  pc.max_requests = 16;
+  pc.max_context_len = 1024;
+  pc.device = Device::cuda();
+  auto pool_or = LatentKvPool::create(pc);
+  ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
+  LatentKvPool& pool = **pool_or;
+  const TensorView cache = pool.layer_cache(0);
+  const std::vector<bf16> cache_host = random_bf16(cache.numel(), rng);
+  ASSERT_EQ(cudaMemcpy(cache.data, cache_host.data(), cache.bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  std::vector<float> cache_f = to_float(cache_host);  // the cache as it should be
+
+  BackendOptions opt;
+  auto model = model_preset("deepseek-v3-tp8");
+  ASSERT_TRUE(model.ok());
+  opt.model = *model;
+  opt.device = Device::cuda();
+  opt.max_batch = kMaxBs;
+  opt.paged_workspace_bytes = 64u << 20;
+  auto backend_or = BackendRegistry::global().create("paged_mla", BackendContext{&pool, opt});
+  ASSERT_TRUE(backend_or.ok()) << backend_or.status().to_string();
+  AttentionBackend& backend = **backend_or;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  backend.set_stream(stream);
+  EXPECT_EQ(pool.stream(), static_cast<void*>(stream));
+  const ExecContext ctx{Device::cuda(), stream};
+
+  // kMaxBs requests; the second shares the first's first three pages and is truncated into the
+  // third, so its first extend copies that page on write.
+  std::vector<int> rows;
+  std::vector<int32_t> lens;
+  for (int r = 0; r < kMaxBs; ++r) {
+    auto row = pool.alloc_request();
+    ASSERT_TRUE(row.ok());
+    int32_t len = static_cast<int32_t>(rng.uniform_int(1, 400));
+    if (r == 1) {
+      ASSERT_TRUE(pool.share_prefix(rows[0], *row, 3 * kPage).ok());
+      len = 3 * kPage - 3;
+      ASSERT_TRUE(pool.truncate_request(*row, len).ok());
+    } else {
+      if (r == 0) len = std::max<int32_t>(len, 3 * kPage + 5);
+      ASSERT_TRUE(pool.extend_request(*row, len, nullptr).ok());
+    }
+    rows.push_back(*row);
+    lens.push_back(len);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  const std::vector<bf16> q_host = random_bf16(int64_t{kMaxBs} * kHeads * 576, rng);
+  const std::vector<float> q_f = to_float(q_host);
+  void *q = nullptr, *o = nullptr, *lse = nullptr, *busy = nullptr, *hist = nullptr;
+  constexpr int kSteps = 6;
+  const std::size_t o_bytes = std::size_t{kMaxBs} * kHeads * 512 * 2;
+  constexpr std::size_t kBusyBytes = std::size_t{1} << 30;
+  ASSERT_EQ(cudaMalloc(&q, q_host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&o, o_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&lse, std::size_t{kMaxBs} * kHeads * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&busy, kBusyBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&hist, kSteps * o_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(q, q_host.data(), q_host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  AttentionInputs in;
+  in.save_kv_cache = false;  // the cache holds random rows at every slot already
+  in.q_absorbed = TensorView(q, DType::kBF16, Device::cuda(), {kMaxBs, kHeads, 576});
+  AttentionOutputs out;
+  out.o_latent = TensorView(o, DType::kBF16, Device::cuda(), {kMaxBs, kHeads, 512});
+  out.lse = TensorView(lse, DType::kF32, Device::cuda(), {kMaxBs, kHeads});
+
+  std::vector<ForwardBatch> batches;
+  std::vector<std::vector<int32_t>> tables;  // req_to_token as each step saw it
+  std::vector<std::vector<float>> caches;    // the cache as each step should read it
+  int cow_rows = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    // Anything enqueued on the legacy stream now runs after ~16 GB of memsets.
+    for (int i = 0; i < 16; ++i) {
+      ASSERT_EQ(cudaMemsetAsync(busy, step + i, kBusyBytes, nullptr), cudaSuccess);
+    }
+    ForwardBatch b;
+    b.mode = ForwardMode::kDecode;
+    b.batch_size = kMaxBs;
+    for (int r = 0; r < kMaxBs; ++r) {
+      std::vector<int32_t> slots;
+      const std::vector<int32_t> before = pool.req_to_token_host();
+      ASSERT_TRUE(pool.extend_request(rows[r], lens[r] + 1, &slots).ok());
+      // A copy on write moved earlier tokens to a new page with their rows: so does the model.
+      for (int32_t i = 0; i < lens[r]; ++i) {
+        const int32_t from = before[std::size_t(rows[r]) * pc.max_context_len + i];
+        const int32_t to = pool.slot(rows[r], i);
+        if (from == to) continue;
+        ++cow_rows;
+        std::copy_n(cache_f.begin() + std::size_t(from) * 576, 576,
+                    cache_f.begin() + std::size_t(to) * 576);
+      }
+      ++lens[r];
+      b.req_pool_indices.push_back(rows[r]);
+      b.seq_lens.push_back(lens[r]);
+      b.out_cache_loc.push_back(slots[0]);
+    }
+    finalize_batch(b);
+    ASSERT_TRUE(backend.init_forward_metadata(b).ok());
+    const Status st = backend.forward_decode(in, out, ctx);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_EQ(cudaMemcpyAsync(static_cast<std::byte*>(hist) + step * o_bytes, o, o_bytes,
+                              cudaMemcpyDeviceToDevice, stream),
+              cudaSuccess);
+    batches.push_back(b);
+    tables.push_back(pool.req_to_token_host());
+    caches.push_back(cache_f);
+  }
+  EXPECT_EQ(cow_rows, 3 * kPage - 3 - 2 * kPage);  // the truncated request's third page
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<uint16_t> hist_host(kSteps * o_bytes / 2);
+  ASSERT_EQ(cudaMemcpy(hist_host.data(), hist, kSteps * o_bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  for (int step = 0; step < kSteps; ++step) {
+    SCOPED_TRACE(step);
+    const ForwardBatch& b = batches[step];
+    std::vector<int32_t> q_lens(b.batch_size, 1);
+    AbsorbedRefProblem p;
+    p.num_heads = kHeads;
+    p.page_size = kPage;
+    p.causal = true;
+    p.sm_scale = opt.model.sm_scale;
+    p.row_stride = pc.max_context_len;
+    p.req_to_token = tables[step];
+    p.req_rows = b.req_pool_indices;
+    p.q_lens = q_lens;
+    p.kv_lens = b.seq_lens;
+    const RefAttention ref = reference_absorbed(p, q_f, caches[step]);
+    double err = 0, norm = 0;
+    for (std::size_t i = 0; i < ref.o.size(); ++i) {
+      bf16 v;
+      v.bits = hist_host[step * o_bytes / 2 + i];
+      err += (v.to_float() - ref.o[i]) * (v.to_float() - ref.o[i]);
+      norm += ref.o[i] * ref.o[i];
+    }
+    EXPECT_LT(std::sqrt(err / std::max(norm, 1e-30)), 1e-2);
+  }
+  cudaFree(hist);
+  cudaFree(busy);
   cudaFree(q);
   cudaFree(o);
   cudaFree(lse);
