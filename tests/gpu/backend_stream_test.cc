@@ -36,39 +36,90 @@ std::vector<float> to_float(const std::vector<bf16>& v) {
   return f;
 }
 
-TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
-  if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device";
-  Rng rng(mix_seed(base_seed(), 0x5747));
+// A one-layer cuda pool whose cache holds random rows (cache_f: their float values), and a
+// paged_mla backend over it (DeepSeek-V3 at tensor parallel 8) on a new non-blocking stream.
+struct StreamSetup {
   KvPoolConfig pc;
-  pc.num_layers = 1;
-  pc.num_pages = 1400;  // 24 requests of up to 900 tokens
-  pc.page_size = kPage;
-  pc.max_requests = 32;
-  pc.max_context_len = 1024;
-  pc.device = Device::cuda();
-  auto pool_or = LatentKvPool::create(pc);
-  ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
-  LatentKvPool& pool = **pool_or;
-  const TensorView cache = pool.layer_cache(0);
+  std::unique_ptr<LatentKvPool> pool;
+  std::vector<float> cache_f;
+  BackendOptions opt;
+  std::unique_ptr<AttentionBackend> backend;
+  cudaStream_t stream = nullptr;
+  ~StreamSetup() {
+    backend.reset();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+void make_setup(int64_t num_pages, int max_requests, Rng& rng, StreamSetup* s) {
+  s->pc.num_layers = 1;
+  s->pc.num_pages = num_pages;
+  s->pc.page_size = kPage;
+  s->pc.max_requests = max_requests;
+  s->pc.max_context_len = 1024;
+  s->pc.device = Device::cuda();
+  auto pool = LatentKvPool::create(s->pc);
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  s->pool = std::move(pool).value();
+  const TensorView cache = s->pool->layer_cache(0);
   const std::vector<bf16> cache_host = random_bf16(cache.numel(), rng);
   ASSERT_EQ(cudaMemcpy(cache.data, cache_host.data(), cache.bytes(), cudaMemcpyHostToDevice),
             cudaSuccess);
-  const std::vector<float> cache_f = to_float(cache_host);
-
-  BackendOptions opt;
+  s->cache_f = to_float(cache_host);
   auto model = model_preset("deepseek-v3-tp8");
   ASSERT_TRUE(model.ok());
-  opt.model = *model;
-  opt.device = Device::cuda();
-  opt.max_batch = kMaxBs;
-  opt.paged_workspace_bytes = 64u << 20;
-  auto backend_or = BackendRegistry::global().create("paged_mla", BackendContext{&pool, opt});
-  ASSERT_TRUE(backend_or.ok()) << backend_or.status().to_string();
-  AttentionBackend& backend = **backend_or;
+  s->opt.model = *model;
+  s->opt.device = Device::cuda();
+  s->opt.max_batch = kMaxBs;
+  s->opt.paged_workspace_bytes = 64u << 20;
+  auto backend =
+      BackendRegistry::global().create("paged_mla", BackendContext{s->pool.get(), s->opt});
+  ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+  s->backend = std::move(backend).value();
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), cudaSuccess);
+  s->backend->set_stream(s->stream);
+}
 
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  backend.set_stream(stream);
+// The double reference of decode batch b (q_f: its rows' absorbed queries) over `table`
+// (req_to_token) and `cache`.
+RefAttention decode_reference(const StreamSetup& s, const ForwardBatch& b,
+                              const std::vector<int32_t>& table, const std::vector<float>& q_f,
+                              const std::vector<float>& cache) {
+  const std::vector<int32_t> q_lens(b.batch_size, 1);
+  AbsorbedRefProblem p;
+  p.num_heads = kHeads;
+  p.page_size = kPage;
+  p.causal = true;
+  p.sm_scale = s.opt.model.sm_scale;
+  p.row_stride = s.pc.max_context_len;
+  p.req_to_token = table;
+  p.req_rows = b.req_pool_indices;
+  p.q_lens = q_lens;
+  p.kv_lens = b.seq_lens;
+  const std::span<const float> q_used(q_f.data(), std::size_t(b.batch_size) * kHeads * 576);
+  return reference_absorbed(p, q_used, cache);
+}
+
+// ||o - ref|| / ||ref|| of a bf16 output.
+double rel_err_bf16(const uint16_t* o, const std::vector<double>& ref) {
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    bf16 v;
+    v.bits = o[i];
+    err += (v.to_float() - ref[i]) * (v.to_float() - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(err / std::max(norm, 1e-30));
+}
+
+TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
+  if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device";
+  Rng rng(mix_seed(base_seed(), 0x5747));
+  StreamSetup setup;
+  ASSERT_NO_FATAL_FAILURE(make_setup(1400, 32, rng, &setup));  // 24 requests of up to 900 tokens
+  LatentKvPool& pool = *setup.pool;
+  AttentionBackend& backend = *setup.backend;
+  cudaStream_t stream = setup.stream;
   const ExecContext ctx{Device::cuda(), stream};
 
   // Requests with random lengths; batches are random subsets in shuffled order.
@@ -164,38 +215,19 @@ TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
   }
   EXPECT_EQ(staging_records, 2);
 
-  const auto& r2t = pool.req_to_token_host();
   for (int k = 0; k < kReplays; ++k) {
     SCOPED_TRACE(k);
-    const ForwardBatch& b = batches[k];
-    std::vector<int32_t> q_lens(b.batch_size, 1);
-    AbsorbedRefProblem p;
-    p.num_heads = kHeads;
-    p.page_size = kPage;
-    p.causal = true;
-    p.sm_scale = opt.model.sm_scale;
-    p.row_stride = pc.max_context_len;
-    p.req_to_token = r2t;
-    p.req_rows = b.req_pool_indices;
-    p.q_lens = q_lens;
-    p.kv_lens = b.seq_lens;
-    const std::span<const float> q_used(q_f.data(), std::size_t(b.batch_size) * kHeads * 576);
-    const RefAttention ref = reference_absorbed(p, q_used, cache_f);
+    const RefAttention ref =
+        decode_reference(setup, batches[k], pool.req_to_token_host(), q_f, setup.cache_f);
     const auto* ob =
         reinterpret_cast<const uint16_t*>(hist_host.data() + k * (o_bytes + lse_bytes));
     const auto* lb =
         reinterpret_cast<const float*>(hist_host.data() + k * (o_bytes + lse_bytes) + o_bytes);
-    double err = 0, norm = 0, lse_err = 0;
-    for (std::size_t i = 0; i < ref.o.size(); ++i) {
-      bf16 v;
-      v.bits = ob[i];
-      err += (v.to_float() - ref.o[i]) * (v.to_float() - ref.o[i]);
-      norm += ref.o[i] * ref.o[i];
-    }
+    double lse_err = 0;
     for (std::size_t i = 0; i < ref.lse.size(); ++i) {
       lse_err = std::max(lse_err, std::abs(lb[i] - ref.lse[i]));
     }
-    EXPECT_LT(std::sqrt(err / std::max(norm, 1e-30)), 1e-2);
+    EXPECT_LT(rel_err_bf16(ob, ref.o), 1e-2);
     EXPECT_LT(lse_err, 1e-2);
   }
   cudaGraphExecDestroy(exec);
@@ -205,8 +237,6 @@ TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
   cudaFree(q);
   cudaFree(o);
   cudaFree(lse);
-  backend_or->reset();
-  cudaStreamDestroy(stream);
 }
 
 // The pool's own uploads (req_to_token rows of extend_request, copy-on-write pages) go on the
@@ -217,37 +247,14 @@ TEST(CudaBackendStream, BackToBackReplansOnNonBlockingStreamMatchReference) {
 TEST(CudaBackendStream, PoolUploadsAreOrderedOnTheBackendsStream) {
   if (!device_available(Device::cuda())) GTEST_SKIP() << "no CUDA device";
   Rng rng(mix_seed(base_seed(), 0x5748));
-  KvPoolConfig pc;
-  pc.num_layers = 1;
-  pc.num_pages = 600;
-  pc.page_size = kPage;
-  pc.max_requests = 16;
-  pc.max_context_len = 1024;
-  pc.device = Device::cuda();
-  auto pool_or = LatentKvPool::create(pc);
-  ASSERT_TRUE(pool_or.ok()) << pool_or.status().to_string();
-  LatentKvPool& pool = **pool_or;
-  const TensorView cache = pool.layer_cache(0);
-  const std::vector<bf16> cache_host = random_bf16(cache.numel(), rng);
-  ASSERT_EQ(cudaMemcpy(cache.data, cache_host.data(), cache.bytes(), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  std::vector<float> cache_f = to_float(cache_host);  // the cache as it should be
-
-  BackendOptions opt;
-  auto model = model_preset("deepseek-v3-tp8");
-  ASSERT_TRUE(model.ok());
-  opt.model = *model;
-  opt.device = Device::cuda();
-  opt.max_batch = kMaxBs;
-  opt.paged_workspace_bytes = 64u << 20;
-  auto backend_or = BackendRegistry::global().create("paged_mla", BackendContext{&pool, opt});
-  ASSERT_TRUE(backend_or.ok()) << backend_or.status().to_string();
-  AttentionBackend& backend = **backend_or;
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  backend.set_stream(stream);
+  StreamSetup setup;
+  ASSERT_NO_FATAL_FAILURE(make_setup(600, 16, rng, &setup));
+  LatentKvPool& pool = *setup.pool;
+  AttentionBackend& backend = *setup.backend;
+  cudaStream_t stream = setup.stream;
   EXPECT_EQ(pool.stream(), static_cast<void*>(stream));
   const ExecContext ctx{Device::cuda(), stream};
+  std::vector<float> cache_f = setup.cache_f;  // the cache as it should be
 
   // kMaxBs requests; the second shares the first's first three pages and is truncated into the
   // third, so its first extend copies that page on write.
@@ -307,7 +314,7 @@ TEST(CudaBackendStream, PoolUploadsAreOrderedOnTheBackendsStream) {
       ASSERT_TRUE(pool.extend_request(rows[r], lens[r] + 1, &slots).ok());
       // A copy on write moved earlier tokens to a new page with their rows: so does the model.
       for (int32_t i = 0; i < lens[r]; ++i) {
-        const int32_t from = before[std::size_t(rows[r]) * pc.max_context_len + i];
+        const int32_t from = before[std::size_t(rows[r]) * setup.pc.max_context_len + i];
         const int32_t to = pool.slot(rows[r], i);
         if (from == to) continue;
         ++cow_rows;
@@ -339,35 +346,15 @@ TEST(CudaBackendStream, PoolUploadsAreOrderedOnTheBackendsStream) {
 
   for (int step = 0; step < kSteps; ++step) {
     SCOPED_TRACE(step);
-    const ForwardBatch& b = batches[step];
-    std::vector<int32_t> q_lens(b.batch_size, 1);
-    AbsorbedRefProblem p;
-    p.num_heads = kHeads;
-    p.page_size = kPage;
-    p.causal = true;
-    p.sm_scale = opt.model.sm_scale;
-    p.row_stride = pc.max_context_len;
-    p.req_to_token = tables[step];
-    p.req_rows = b.req_pool_indices;
-    p.q_lens = q_lens;
-    p.kv_lens = b.seq_lens;
-    const RefAttention ref = reference_absorbed(p, q_f, caches[step]);
-    double err = 0, norm = 0;
-    for (std::size_t i = 0; i < ref.o.size(); ++i) {
-      bf16 v;
-      v.bits = hist_host[step * o_bytes / 2 + i];
-      err += (v.to_float() - ref.o[i]) * (v.to_float() - ref.o[i]);
-      norm += ref.o[i] * ref.o[i];
-    }
-    EXPECT_LT(std::sqrt(err / std::max(norm, 1e-30)), 1e-2);
+    const RefAttention ref =
+        decode_reference(setup, batches[step], tables[step], q_f, caches[step]);
+    EXPECT_LT(rel_err_bf16(hist_host.data() + step * o_bytes / 2, ref.o), 1e-2);
   }
   cudaFree(hist);
   cudaFree(busy);
   cudaFree(q);
   cudaFree(o);
   cudaFree(lse);
-  backend_or->reset();
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace
