@@ -88,6 +88,15 @@ double nearest_rank(const std::vector<double>& sorted, double p) {
 class Simulation {
  public:
   explicit Simulation(const RunConfig& c) : c_(c) {}
+  ~Simulation() {
+    // The backends and layers go first (members), then the stream they ran on.
+    layer_.reset();
+    draft_.reset();
+    target_.reset();
+    if (stream_ != nullptr) device_runtime(c_.device.type)->destroy_stream(stream_);
+  }
+  Simulation(const Simulation&) = delete;
+  Simulation& operator=(const Simulation&) = delete;
   StatusOr<RunReport> run();
 
  private:
@@ -119,6 +128,7 @@ class Simulation {
   void record_peaks();
   int sampled_checks_ = 0;
   int graph_max_bs_ = 0;
+  void* stream_ = nullptr;  // RunConfig::own_stream's, else the legacy default stream
 };
 
 Status Simulation::setup() {
@@ -204,6 +214,12 @@ Status Simulation::setup() {
   MLA_ASSIGN_OR_RETURN(
       layer_, SimLayer::create(model_, c_.device, pc.num_layers, pool_->num_slots(), max_tokens,
                                c_.workload.seed ^ 0x5eed));
+  if (c_.own_stream) {
+    MLA_ASSIGN_OR_RETURN(stream_, device_runtime(c_.device.type)->create_stream());
+    target_->set_stream(stream_);  // and the pool's
+    if (draft_) draft_->set_stream(stream_);
+    layer_->set_stream(stream_);
+  }
   return Status::Ok();
 }
 
@@ -336,7 +352,7 @@ Status Simulation::run_step(const sim::Step& step, double* seconds) {
       MLA_RETURN_IF_ERROR(run_layers(*draft_, c_.layers, 1, false));
     }
   }
-  MLA_RETURN_IF_ERROR(device_runtime(c_.device.type)->synchronize(nullptr));
+  MLA_RETURN_IF_ERROR(device_runtime(c_.device.type)->synchronize(stream_));
   ModeTotals& m = report_.modes[std::string(forward_mode_name(batch.mode))];
   ++m.batches;
   m.tokens += batch.num_tokens();

@@ -43,6 +43,10 @@ struct RunConfig {
   double check_tolerance = 1e-2;  // worst per-row ||o - ref|| / ||ref|| allowed
   double check_budget = 3e8;      // reference multiply-adds per checked step
   bool progress = true;
+  // Runs on a stream of its own (DeviceRuntime::create_stream; cuda: non-blocking) instead of
+  // the legacy default stream: the backends (and so the pool, AttentionBackend::set_stream) and
+  // the layers all on it. Threads running simulations at once then run on separate streams.
+  bool own_stream = false;
 };
 
 struct ModeTotals {

@@ -195,7 +195,7 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
   MLA_CHECK_ARG(cache.dtype == DType::kBF16, "sim check: only a bf16 cache is supported, got {}",
                 dtype_name(cache.dtype));
   std::vector<bf16> cache_host(static_cast<std::size_t>(cache.numel()));
-  MLA_RETURN_IF_ERROR(rt->copy_to_host(cache_host.data(), cache.data, cache.bytes(), nullptr));
+  MLA_RETURN_IF_ERROR(rt->copy_to_host(cache_host.data(), cache.data, cache.bytes(), ctx_.stream));
   const std::vector<SlotSource>& model = kv_model_[static_cast<std::size_t>(layer)];
   const int page = pool.config().page_size;
   int32_t max_kv = 1;
@@ -302,7 +302,7 @@ StatusOr<SimLayer::CheckResult> SimLayer::check(const AttentionBackend& backend,
 
   std::vector<bf16> o_host(static_cast<std::size_t>(T * H * kVHeadDim));
   MLA_RETURN_IF_ERROR(
-      rt->copy_to_host(o_host.data(), o_.data(), o_host.size() * sizeof(bf16), nullptr));
+      rt->copy_to_host(o_host.data(), o_.data(), o_host.size() * sizeof(bf16), ctx_.stream));
   for (int64_t r = 0; r < R; ++r) {
     const Row& row = rows[static_cast<std::size_t>(r)];
     double num = 0.0, den = 0.0;

@@ -32,6 +32,9 @@ class SimLayer {
                                                     int num_layers, int64_t num_slots,
                                                     int64_t max_tokens, uint64_t seed);
 
+  // The stream the layers run on and the check reads back on (nullptr: the legacy default).
+  void set_stream(void* stream) { ctx_.stream = stream; }
+
   // Runs layer `layer` on `batch` (last planned on `backend`) with `num_tokens` rows (the
   // padded count under graph replay) and records in the KV model what its real tokens wrote.
   Status forward(AttentionBackend& backend, const ForwardBatch& batch, int layer,

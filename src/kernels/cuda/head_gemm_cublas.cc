@@ -30,6 +30,11 @@ struct HandleSlot {
   std::mutex mu;
   cublasHandle_t handle = nullptr;
   DeviceBuffer workspace;
+  // Streams (head_gemm_cublas.h): the last lease's stream; multi once a second stream came;
+  // then the fence event, and whether it holds a record.
+  cudaStream_t last_stream = nullptr;
+  bool used = false, multi = false, fenced = false;
+  cudaEvent_t fence = nullptr;
 };
 
 std::array<HandleSlot, kMaxDevices>& slots() {
@@ -65,10 +70,31 @@ StatusOr<CublasLease> cublas_lease(Device device, cudaStream_t stream) {
     MLA_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
     slot.handle = handle;
   }
+  // One workspace for every stream: order the streams that use it.
+  cudaEvent_t fence = nullptr;
+  if (slot.used && (slot.multi || stream != slot.last_stream)) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MLA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) {
+      if (!slot.multi) {
+        // The first second stream: the GEMMs so far have no fence (their stream may even be
+        // gone), so wait for the device once; from now on every lease fences.
+        MLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+        MLA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.fence, cudaEventDisableTiming));
+        slot.multi = true;
+        slot.fenced = false;
+      } else if (slot.fenced && stream != slot.last_stream) {
+        MLA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, slot.fence, 0));
+      }
+      fence = slot.fence;
+    }
+  }
+  slot.used = true;
+  slot.last_stream = stream;
   MLA_CUBLAS_RETURN_IF_ERROR(cublasSetStream(slot.handle, stream));
   MLA_CUBLAS_RETURN_IF_ERROR(
       cublasSetWorkspace(slot.handle, slot.workspace.data(), slot.workspace.bytes()));
-  return CublasLease(std::move(lock), slot.handle);
+  return CublasLease(std::move(lock), slot.handle, stream, fence, &slot.fenced);
 }
 
 }  // namespace mla::cuda

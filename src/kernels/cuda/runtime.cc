@@ -180,6 +180,15 @@ class CudaRuntime final : public DeviceRuntime {
     MLA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
     return Status::Ok();
   }
+  StatusOr<void*> create_stream() override {
+    cudaStream_t s = nullptr;
+    MLA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return static_cast<void*>(s);
+  }
+  void destroy_stream(void* stream) override {
+    if (stream != nullptr) cudaStreamDestroy(as_stream(stream));
+    cudaGetLastError();
+  }
 
  private:
   static cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
