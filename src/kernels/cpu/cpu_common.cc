@@ -249,22 +249,32 @@ void finish_row(const float* acc, float m, float l, int dv, uint16_t* o, float* 
   if (lse) *lse = m + std::log(l);
 }
 
+MergeWeights merge_weights(float la, float lb) {
+  MergeWeights w;
+  const float m = std::max(la, lb);
+  if (m == -std::numeric_limits<float>::infinity()) return w;  // neither state saw a key
+  const float wa = std::exp(la - m), wb = std::exp(lb - m);
+  const float inv = 1.f / (wa + wb);
+  w.empty = false;
+  w.ca = wa * inv;
+  w.cb = wb * inv;
+  w.lse = m + std::log(wa + wb);
+  return w;
+}
+
 void merge_row(const float* acc, float m, float l, int dv, uint16_t* o, float* lse) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const float la = *lse;
   const float lb = l > 0.f ? m + std::log(l) : kNegInf;
-  const float mx = std::max(la, lb);
-  if (mx == kNegInf) {  // neither state saw a key
+  const MergeWeights w = merge_weights(*lse, lb);
+  if (w.empty) {
     std::fill(o, o + dv, uint16_t{0});
     *lse = kNegInf;
     return;
   }
   if (lb == kNegInf) return;  // this pass saw no key: the state stays as it is
-  const float wa = std::exp(la - mx), wb = std::exp(lb - mx);
-  const float inv = 1.f / (wa + wb);
-  const float ca = wa * inv, cb = wb * inv / l;
-  for (int d = 0; d < dv; ++d) o[d] = float_to_bf16_bits(ca * bf16_to_float(o[d]) + cb * acc[d]);
-  *lse = mx + std::log(wa + wb);
+  const float cb = w.cb / l;  // acc / l is the row's own o
+  for (int d = 0; d < dv; ++d) o[d] = float_to_bf16_bits(w.ca * bf16_to_float(o[d]) + cb * acc[d]);
+  *lse = w.lse;
 }
 
 }  // namespace mla::cpu

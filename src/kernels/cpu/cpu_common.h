@@ -91,6 +91,14 @@ void attend_block(const float* q, int64_t q_stride, int rows, int dqk, const flo
 void finish_row(const float* acc /* [dv] */, float m, float l, int dv, uint16_t* o /* [dv] */,
                 float* lse);
 
+// SYSTEM.md 1's merge of two states by their LSEs la, lb: o = ca * o_a + cb * o_b and the merged
+// lse; empty when both are -inf (then o = 0, lse = -inf). The merge op and merge_row share it.
+struct MergeWeights {
+  bool empty = true;
+  float ca = 0.f, cb = 0.f, lse = 0.f;
+};
+MergeWeights merge_weights(float la, float lb);
+
 // Merges one finished row into a state already in (o, *lse) (MhaArgs::merge_into_output): the
 // row's own state is o_b = acc / l, lse_b = m + log(l) (empty when l == 0), and the result is
 // SYSTEM.md 1's merge of the two, rounded to bf16 once. lse must not be null.

@@ -29,20 +29,16 @@ class CpuMergeOp final : public MergeOp {
         const float lb = a.lse_b.ptr<float>()[ti * a.lse_b.stride[0] + hi * a.lse_b.stride[1]];
         uint16_t* oa = a.o_acc.ptr<uint16_t>() + ti * a.o_acc.stride[0] + hi * a.o_acc.stride[1];
         const uint16_t* ob = a.o_b.ptr<uint16_t>() + ti * a.o_b.stride[0] + hi * a.o_b.stride[1];
-        const float la = *la_p;
-        const float m = std::max(la, lb);
-        if (m == kNegInf) {  // neither part saw a key
+        const MergeWeights w = merge_weights(*la_p, lb);
+        if (w.empty) {  // neither part saw a key
           std::fill(oa, oa + dim, uint16_t{0});
           *la_p = kNegInf;
           continue;
         }
-        const float wa = std::exp(la - m), wb = std::exp(lb - m);
-        const float inv = 1.f / (wa + wb);
-        const float ca = wa * inv, cb = wb * inv;
         for (int64_t d = 0; d < dim; ++d) {
-          oa[d] = float_to_bf16_bits(ca * bf16_to_float(oa[d]) + cb * bf16_to_float(ob[d]));
+          oa[d] = float_to_bf16_bits(w.ca * bf16_to_float(oa[d]) + w.cb * bf16_to_float(ob[d]));
         }
-        *la_p = m + std::log(wa + wb);
+        *la_p = w.lse;
       }
     });
     return Status::Ok();
