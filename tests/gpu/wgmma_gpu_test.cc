@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/sm90/wgmma_probe.h"
+#include "gpu/wgmma_probe.h"
 
 namespace mla::testing {
 namespace {

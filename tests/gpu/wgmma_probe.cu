@@ -1,5 +1,5 @@
 #include "kernels/cuda/sm90/wgmma.cuh"
-#include "kernels/cuda/sm90/wgmma_probe.h"
+#include "gpu/wgmma_probe.h"
 
 namespace mla::cuda::sm90 {
 namespace {
