@@ -8,7 +8,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 jobs="${MLA_JOBS:-$(nproc)}"
 
-"$root/scripts/setup.sh" >&2
+"$root/scripts/setup.sh" --no-python >&2
 
 cpu_only="${MLA_CPU_ONLY:-0}"
 if [ "${1:-}" = "--cpu" ]; then

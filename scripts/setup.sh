@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the build needs, only those that are missing. Idempotent: a
-# second run installs nothing and does not touch apt. Uses sudo only when not root.
+# second run installs nothing and does not touch apt. Uses sudo only when not root. Then the
+# Python environment (scripts/setup-python.sh), unless the first argument is --no-python (the
+# main job, scripts/run.sh, needs no Python packages).
 set -euo pipefail
+python_env=1
+if [ "${1:-}" = "--no-python" ]; then python_env=0; fi
+python_setup() {
+  if [ "$python_env" = 1 ]; then exec "$(dirname "${BASH_SOURCE[0]}")/setup-python.sh"; fi
+}
 
 packages=(
   build-essential cmake ninja-build git python3 python3-venv
@@ -20,7 +27,8 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} build packages are installed"
-  exec "$(dirname "${BASH_SOURCE[0]}")/setup-python.sh"
+  python_setup
+  exit 0
 fi
 
 sudo=()
@@ -38,4 +46,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
   "${missing[@]}"
 echo "setup: done"
-exec "$(dirname "${BASH_SOURCE[0]}")/setup-python.sh"
+python_setup

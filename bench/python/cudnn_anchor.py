@@ -14,21 +14,21 @@ Rows (JSON lines, appended to --out, the same fields as mla bench's rows where t
 cuDNN's LSE comes from aten's `_scaled_dot_product_cudnn_attention` (the op SDPA dispatches to);
 where that private op fails, the public SDPA is timed without LSE and the row says "lse": false.
 
-Timing as mla bench: CUDA events around every run, 3 warm-up runs, the median (and minimum) of
---iters; inputs random normal / 4, never zeros. On the cpu (--device cpu, --smoke) it runs tiny
+Timing as mla bench (benchlib.time_us): CUDA events around every run, 3 warm-up runs, the median
+(and minimum) of --iters; inputs random normal / 4, never zeros. Rows carry benchlib.run_fields
+(date, commit from $MLA_COMMIT, gpu, torch, python) and are written by benchlib.write_rows. On the cpu (--device cpu, --smoke) it runs tiny
 shapes with the math backend: a check of this script, not a measurement.
 """
 import argparse
-import datetime
 import json
-import math
-import os
-import statistics
+import pathlib
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
 
 HEADS = 128
 D_QK, D_V, D_ROPE, D_LATENT = 192, 128, 64, 512
@@ -37,24 +37,8 @@ SM_SCALE = 0.135234  # DeepSeek-V3 (SYSTEM.md 1)
 
 def _time(fn, iters, device):
     """Median and minimum microseconds of fn() over iters runs after 3 warm-up runs."""
-    for _ in range(3):
-        fn()
-    times = []
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-    else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times), min(times)
+    return benchlib.time_us(fn, iters, warmup=3,
+                            cuda_device=device if device.type == "cuda" else None)
 
 
 def _rand(*shape, device, gen):
@@ -98,15 +82,10 @@ class Attention:
 
 
 def _common(device, args):
-    row = {"commit": os.environ.get("MLA_COMMIT", "unknown"),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "torch": torch.__version__, "iters": args.iters, "anchor": True}
+    row = benchlib.run_fields(device)
+    row.update({"iters": args.iters, "anchor": True})
     if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        row["gpu"] = f"{p.name}, {p.multi_processor_count} SMs, {p.total_memory >> 30} GiB"
         row["cudnn"] = torch.backends.cudnn.version()
-    else:
-        row["gpu"] = "cpu"
     return row
 
 
@@ -252,13 +231,7 @@ def main(argv=None):
               f"s_k={row['s_k']} {row['us']:.1f} us {row['tflops']:.1f} TFLOP/s", file=sys.stderr)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    out = open(args.out, "a") if args.out else sys.stdout
-    try:
-        for row in rows:
-            out.write(json.dumps(row, sort_keys=True) + "\n")
-    finally:
-        if args.out:
-            out.close()
+    benchlib.write_rows(rows, args.out)
     return 1 if failures or not rows else 0
 
 

@@ -6,30 +6,23 @@ Measures, per call, the median wall time of
          enqueued on the current stream and the buffer's event recorded after it (cuda); on the
          cpu the planner writes straight into the plan tensor
   plan:  mla.ops.AbsorbedPlan.plan from host tensors (the above + the Python wrapper)
-Prints JSON lines (one per measurement) in the bench/results/h200.jsonl row format.
+Timing and rows through benchlib (host clock: time.perf_counter_ns around each call, the
+median of 2000 after 200 warm-up calls); prints JSON lines (one per measurement) in the
+bench/results/h200.jsonl row format, with benchlib.run_fields (date, commit, gpu, torch, python).
 Usage: python plan_bench.py [--device cuda] [--heads 128] [--page-size 64] [--commit X]
 """
 import argparse
-import datetime
-import json
-import statistics
-import time
+import pathlib
+import sys
 
 import torch
 
-import mla
 from mla import ops
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
 
-def median_us(fn, iters=2000, warmup=200):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-    return statistics.median(samples) / 1e3, min(samples) / 1e3
+ITERS, WARMUP = 2000, 200
 
 
 def main():
@@ -57,21 +50,16 @@ def main():
         plan.plan(rows, q_lens, kv_lens)
 
     rows_out = []
-    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     for name, fn in (("absorbed_plan_op", op_call), ("AbsorbedPlan.plan", plan_call)):
-        med, mn = median_us(fn)
+        med, mn = benchlib.time_us(fn, ITERS, warmup=WARMUP)  # host time, not the GPU's
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        rows_out.append({
-            "op": "python_plan", "what": name, "b": bs, "h_q": args.heads,
-            "page_size": args.page_size, "s_q": 1, "device": str(dev), "gpu": gpu,
-            "us": med, "us_min": mn, "iters": 2000, "target_us": 15,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": args.commit, "python": ".".join(map(str, __import__("sys").version_info[:3])),
-            "torch": torch.__version__,
-        })
-    for r in rows_out:
-        print(json.dumps(r, sort_keys=True))
+        row = {"op": "python_plan", "what": name, "b": bs, "h_q": args.heads,
+               "page_size": args.page_size, "s_q": 1, "device": str(dev), "us": med,
+               "us_min": mn, "iters": ITERS, "target_us": 15}
+        row.update(benchlib.run_fields(dev, args.commit))
+        rows_out.append(row)
+    benchlib.write_rows(rows_out)
 
 
 if __name__ == "__main__":

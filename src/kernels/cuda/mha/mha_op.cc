@@ -1,6 +1,6 @@
 // MhaAttentionOp on CUDA: host planning (plan.cc) + the Hopper wgmma kernel (sm90_kernel.cuh).
 // (The FlashAttention-2 style mma.sync kernel it replaced was removed:
-// docs/history/cuda-notes.md, v1.)
+// docs/kernels.md, v1.)
 
 #include <cmath>
 #include <memory>
