@@ -1,6 +1,5 @@
 // MhaAttentionOp on CUDA: host planning (plan.cc) + the Hopper wgmma kernel (sm90_kernel.cuh).
-// (The FlashAttention-2 style mma.sync kernel it replaced was removed:
-// docs/kernels.md, v1.)
+// (It replaced a FlashAttention-2 style mma.sync kernel, now removed; docs/CHANGELOG.md.)
 
 #include <cmath>
 #include <memory>

@@ -13,7 +13,7 @@
 // other's matrix work. Rows of a box past the request's keys are other requests' rows (or zeros
 // past the tensor): S masks them to -inf, so their P is 0 (k / v rows inside the views must be
 // finite). Same plan, LSE and empty-row conventions as the cp.async kernel it replaced
-// (docs/kernels.md, docs/kernels.md).
+// (docs/kernels.md).
 #pragma once
 
 #include <cuda_bf16.h>
