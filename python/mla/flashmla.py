@@ -177,6 +177,9 @@ def _plan_for(meta: FlashMLASchedMeta, q, k_cache, cache_seqlens, causal,
     elif meta.cache_seqlens.numel() != b:
         raise ValueError(f"tile_scheduler_metadata: planned for batch "
                          f"{meta.cache_seqlens.numel()}, q has batch {b}")
+    elif cache_seqlens.is_cpu and not torch.equal(cache_seqlens, meta.cache_seqlens):
+        raise ValueError("cache_seqlens: its values differ from those get_mla_metadata was "
+                         "given")
     plan = AbsorbedPlan(q.device, h_q, config.page_block_size, causal=config.causal,
                         max_batch=max(b, 1), max_q_tokens=max(b * s_q, 1), max_q_len=max(s_q, 1))
     plan.plan(torch.arange(b, dtype=torch.int32), torch.full((b,), s_q, dtype=torch.int32),

@@ -221,6 +221,10 @@ def test_older_three_argument_form_and_scale():
     with pytest.raises(ValueError, match="num_heads_per_head_k = 16, q has s_q \\* h_q = 8"):
         m, ns = mla.get_mla_metadata(seqlens, 16, 1)
         mla.flash_mla_with_kvcache(q[:, :1], k_cache, block_table, seqlens, 512, m, ns)
+    with pytest.raises(ValueError, match="cache_seqlens: its values differ from those "
+                       "get_mla_metadata was given"):
+        m, ns = mla.get_mla_metadata(seqlens, c.s_q * c.h_q, 1)
+        mla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens - 1, 512, m, ns)
 
 
 def test_fp8_cache_with_per_tensor_scale():
