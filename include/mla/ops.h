@@ -62,15 +62,16 @@ struct AttnCapacity {
 // Absorbed (MQA) paged attention: q [T, H, 576] against the paged latent cache.
 // logits = sm_scale * (q[:, :, :512] . c_kv + q[:, :, 512:] . k_pe) (times k_scale for fp8),
 // o = softmax @ c_kv -> [T, H, 512], lse natural log, [T, H]. Causal is bottom-right aligned:
-// query j of a request with q_len q and kv_len k sees keys 0 .. k - q + j. kv_len 0 -> o = 0,
-// lse = -inf. Tokens of request b are rows qo_indptr[b] .. qo_indptr[b+1] of q.
+// query j of a request with q_len q and kv_len k sees keys 0 .. k - q + j (FlashMLA's
+// tril(diagonal = k - q)), so with k < q the first q - k queries see none. A row that sees no
+// key (kv_len 0, or such a query) -> o = 0, lse = -inf. Head counts: cpu any >= 1; cuda 1..128. Tokens of request b are rows qo_indptr[b] .. qo_indptr[b+1] of q.
 struct AbsorbedProblem {
   int num_heads = 0;
   int page_size = 1;
   bool causal = true;
   std::span<const int32_t> req_rows;  // [bs] pool row of each request in req_to_token
   std::span<const int32_t> q_lens;    // [bs]
-  std::span<const int32_t> kv_lens;   // [bs] >= q_len when causal
+  std::span<const int32_t> kv_lens;   // [bs] (any, causal too: see above)
 };
 
 // The page table is given in one of two forms, read in place (no token-level copy): exactly one

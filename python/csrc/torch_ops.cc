@@ -165,13 +165,13 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
   p.q_lens = {q_lens.data_ptr<int32_t>(), static_cast<std::size_t>(q_lens.numel())};
   p.kv_lens = {kv_lens.data_ptr<int32_t>(), static_cast<std::size_t>(kv_lens.numel())};
   throw_if_error(set.absorbed->supports(p.num_heads, p.page_size, DType::kBF16), op);
-  // The lengths are checked here for every op set (the CUDA planner trusts them).
+  // The lengths are checked here for every op set (the CUDA planner trusts them). Causal with
+  // kv_len < q_len is allowed: the mask is bottom-right aligned (query j sees keys
+  // 0 .. kv_len - q_len + j), so its first q_len - kv_len queries see no key (o = 0, lse = -inf).
   for (std::size_t b = 0; b < p.q_lens.size(); ++b) {
     const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
     TORCH_CHECK_VALUE(q >= 0 && kv >= 0, "mla.", op, ": q_lens[", b, "] = ", q, ", kv_lens[", b,
                       "] = ", kv, " must not be negative");
-    TORCH_CHECK_VALUE(!causal || kv >= q, "mla.", op, ": causal kv_lens[", b, "] = ", kv,
-                      " is below q_lens[", b, "] = ", q);
     TORCH_CHECK_VALUE(q <= cap.max_q_len, "mla.", op, ": q_lens[", b, "] = ", q,
                       " exceeds max_q_len = ", cap.max_q_len);
     TORCH_CHECK_VALUE(p.req_rows[b] >= 0, "mla.", op, ": req_rows[", b, "] = ", p.req_rows[b],

@@ -1,9 +1,11 @@
 """mla: MLA (DeepSeek multi-head latent attention) ops and backends for PyTorch serving engines.
 
 Entry points (LSE base in brackets):
-  mla.get_mla_metadata, mla.flash_mla_with_kvcache      FlashMLA-shaped   [natural log]
-  mla.BatchMLAPagedAttentionWrapper                     FlashInfer-shaped [base 2 by default]
-  mla.merge_state                                       FlashInfer-shaped [natural log]
+  mla.get_mla_metadata, mla.flash_mla_with_kvcache      FlashMLA-shaped   [natural log; +inf
+                                                        for rows without keys, as FlashMLA]
+  mla.BatchMLAPagedAttentionWrapper, mla.MLAPlanMetadata FlashInfer-shaped [base 2 by default]
+  mla.merge_state                                       FlashInfer-shaped [base 2, as FlashInfer]
+  mla.merge_state_natural                               the same merge    [natural log]
   mla.ops: AbsorbedPlan, MhaPlan, kv_write, up_project, merge_state_   [natural log]
   torch.ops.mla.*: the custom ops themselves (schemas, fake impls, CPU and CUDA kernels)
   mla.Backend: SGLang's AttentionBackend methods over the ops (paged_mla, chunked_mla,
@@ -13,19 +15,22 @@ from . import _native
 from ._ops import ops as _torch_ops  # noqa: F401  (loads the library, registers fakes)
 from . import ops
 from .backend import Backend
-from .flashinfer import BatchMLAPagedAttentionWrapper
-from .flashmla import flash_mla_with_kvcache, get_mla_metadata
-from .ops import merge_state
+from .flashinfer import BatchMLAPagedAttentionWrapper, MLAPlanMetadata
+from .flashmla import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata
+from .ops import merge_state, merge_state_natural
 
 has_cuda_ops = _native.has_cuda_ops
 
 __all__ = [
     "Backend",
     "BatchMLAPagedAttentionWrapper",
+    "FlashMLASchedMeta",
+    "MLAPlanMetadata",
     "flash_mla_with_kvcache",
     "get_mla_metadata",
     "has_cuda_ops",
     "merge_state",
+    "merge_state_natural",
     "ops",
 ]
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ LSE convention of every op here: natural log, shape [tokens, heads], float32.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import List, Optional, Sequence, Tuple
 
@@ -215,14 +216,28 @@ def merge_state_(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: t
     return v_a, s_a
 
 
-def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
-    """FlashInfer-shaped merge of two attention states: v [T, H, D] bf16, s [T, H] float32.
-    Returns new (v_merged, s_merged). Unlike FlashInfer (base-2 LSE), s is natural log here,
-    the LSE every mla op returns."""
+def merge_state_natural(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
+                        s_b: torch.Tensor):
+    """Merge of two attention states whose LSEs are natural log (what every mla op returns):
+    v [T, H, D] bf16, s [T, H] float32. Returns new (v_merged, s_merged), s natural log."""
     v = v_a.clone()
     s = s_a.clone()
     ops.merge_state_(v, s, v_b, s_b)
     return v, s
+
+
+_LN2 = math.log(2.0)
+
+
+def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
+    """flashinfer.merge_state: the same merge with FlashInfer's base-2 LSEs (s = log2 of the
+    sum of exp of the logits, what FlashInfer's kernels and mla's BatchMLAPagedAttentionWrapper
+    return by default). v [T, H, D] bf16, s [T, H] float32. Returns new (v_merged, s_merged),
+    s base 2. For mla's natural-log LSEs use merge_state_natural."""
+    v = v_a.clone()
+    s = s_a * _LN2  # base 2 -> natural (a new tensor), merged by the one merge op
+    ops.merge_state_(v, s, v_b, s_b * _LN2)
+    return v, s.mul_(1.0 / _LN2)
 
 
 def kv_write(c_kv: torch.Tensor, k_pe: torch.Tensor, out_cache_loc: torch.Tensor,

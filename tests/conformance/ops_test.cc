@@ -166,9 +166,10 @@ TEST(CpuAbsorbed, PlanRejectsProblemsOverCapacity) {
   std::vector<int32_t> q2 = {2, 1};
   p.q_lens = q2;
   p.kv_lens = short_kv;
+  // Causal with fewer keys than queries plans (FlashMLA's tril(diagonal = kv_len - q_len): the
+  // first queries see no key; tests/python/test_flashmla_forms.py checks the values).
   r = op.plan(p, big, blob);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("below q_lens"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
   std::vector<std::byte> tiny(8);
   p.q_lens = q;
   p.kv_lens = kv;

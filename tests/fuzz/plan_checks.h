@@ -102,7 +102,9 @@ inline std::string check_absorbed_plan(const AbsorbedProblem& p, int num_ctas,
                first_row, next_row - 1);
     const int32_t ql = p.q_lens[b], kl = p.kv_lens[b];
     const int64_t last_query = (next_row - 1 - row0[b]) / p.num_heads;
-    const int64_t extent = p.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
+    // Bottom-right causal: with kv_len < q_len the first queries see no key (extent 0).
+    const int64_t extent =
+        p.causal && kl > 0 ? std::max<int64_t>(int64_t{kl} - ql + last_query + 1, 0) : kl;
     std::vector<std::pair<int32_t, int32_t>> ranges;
     for (const WorkUnit* u : list) {
       FUZZ_CHECK(u->pool_row == p.req_rows[b] && u->q_len == ql && u->kv_len == kl &&

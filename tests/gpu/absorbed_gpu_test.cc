@@ -307,6 +307,39 @@ TEST_F(AbsorbedDevice, RowTiles64MatchReference) {
   }
 }
 
+// Any head count 1..128 (FlashMLA's test: 1, 3, 9, 63, 126; 8 at TP16): tiles of flat
+// token x head rows, rows past num_rows masked. Also causal requests with fewer keys than queries
+// and without keys (their first q_len - kv_len queries see none: o 0, lse -inf), NaN in every
+// unused slot, bf16 and fp8; 65-127 heads decode as two groups of 64 and heads - 64 rows.
+TEST_F(AbsorbedDevice, AnyHeadCountAndShortCausalRequestsMatchReference) {
+  struct Case {
+    int heads, page;
+    Batch b;
+  };
+  const std::vector<Case> cases = {
+      {1, 64, {{}, {1, 1, 1}, {4096, 20, 0}}},
+      {3, 16, {{}, {2, 2, 4}, {140, 1, 3}}},
+      {8, 64, {{}, {1, 1, 1, 1}, {4096, 140, 20, 0}}},
+      {8, 1, {{}, {4, 2}, {2000, 1}}},
+      {9, 32, {{}, {4, 1, 2}, {300, 0, 2}}},
+      {63, 64, {{}, {2, 1}, {4096, 140}}},
+      {65, 64, {{}, {1, 1, 1}, {3000, 64, 0}}},
+      {126, 64, {{}, {1, 1, 1, 1}, {4096, 2000, 140, 20}}},
+      {126, 128, {{}, {4, 2}, {1000, 1}}},
+      {127, 16, {{}, {1, 1}, {700, 9}}},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    for (DType dt : {DType::kBF16, DType::kFP8E4M3}) {
+      SCOPED_TRACE(fmt::format("case {}: heads {}, page {}, {}", i, c.heads, c.page,
+                               dtype_name(dt)));
+      run_against_reference(op_, mix_seed(base_seed(), 7000 + 2 * i + (dt == DType::kFP8E4M3)),
+                            c.heads, c.page, c.b, true, dt, dt == DType::kFP8E4M3 ? 0.75f : 1.0f);
+    }
+    ++i;
+  }
+}
+
 // Key tiles that end inside a page: the rows past kv_end (the rest of the page, read by the
 // 16-row TMA boxes, or rows of boxes not loaded at all) must never reach P V. Unused slots hold
 // NaN here; lengths end at every offset class inside a 16-row box and a 64-key tile; page 128

@@ -216,13 +216,23 @@ def test_merge_state_matches_oracle(device):
     sa[0, 0] = float("-inf")
     sa[1, 1] = float("-inf")
     sb[1, 1] = float("-inf")
-    v, s = mla.merge_state(va, sa, vb, sb)
+    v, s = mla.merge_state_natural(va, sa, vb, sb)
     ref_v, ref_s = oracle.merge(va, sa, vb, sb)
     assert oracle.rel_err(v, ref_v) < 1e-2
     assert oracle.lse_close(s, ref_s) < 1e-4
     assert float(v[1, 1].abs().max()) == 0.0
     # Inputs untouched by the functional form.
     assert float(sa[0, 0]) == float("-inf")
+    # mla.merge_state is flashinfer.merge_state: base-2 LSEs in and out. The same states in base
+    # 2 merge to the same v and the base-2 form of the natural-log merged LSE.
+    sa2, sb2 = sa / math.log(2), sb / math.log(2)
+    v2, s2 = mla.merge_state(va, sa2, vb, sb2)
+    assert oracle.rel_err(v2, ref_v) < 1e-2
+    assert oracle.lse_close(s2, ref_s / math.log(2)) < 1e-4
+    assert float(sa2[0, 0]) == float("-inf")
+    # Read as natural log, base-2 LSEs weigh the states otherwise: the two merges differ.
+    wrong_v, _ = mla.merge_state_natural(va, sa2, vb, sb2)
+    assert oracle.rel_err(wrong_v, ref_v) > 1e-2
 
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)

@@ -15,7 +15,8 @@ using cuda::absorbed::AbsorbedKernel;
 using cuda::absorbed::choose_kernel;
 using cuda::absorbed::KernelChoice;
 
-constexpr int kHeads[] = {16, 32, 64, 128};
+// Every head count 1..128 runs (FlashMLA's test covers 1, 3, 9, 63, 126; TP16 gives 8).
+constexpr int kHeads[] = {1, 3, 8, 9, 16, 32, 63, 64, 126, 128};
 constexpr int kPages[] = {1, 16, 32, 64, 128};
 constexpr int kQLens[] = {1, 2, 3, 4, 5, 8, 16, 64};
 
@@ -69,8 +70,9 @@ TEST(CudaAbsorbedChoose, RejectsWhatNoKernelRunsNamingTheField) {
     const char* field;
   };
   const Bad bad[] = {
-      {8, 1, 64, DType::kBF16, "num_heads = 8"},
-      {48, 1, 64, DType::kBF16, "num_heads = 48"},
+      {0, 1, 64, DType::kBF16, "num_heads = 0"},
+      {-3, 1, 64, DType::kBF16, "num_heads = -3"},
+      {129, 1, 64, DType::kBF16, "num_heads = 129"},
       {256, 1, 64, DType::kBF16, "num_heads = 256"},
       {16, 1, 8, DType::kBF16, "page_size = 8"},
       {16, 1, 256, DType::kBF16, "page_size = 256"},

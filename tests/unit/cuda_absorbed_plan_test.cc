@@ -290,7 +290,6 @@ Batch random_shaped_batch(Rng& rng, int bs, bool causal) {
 // over one group's CTAs. Derived from the problem, as the planner must balance it.
 double ideal_share(const AbsorbedProblem& p, int rows_tile, int ctas) {
   const int bs = static_cast<int>(p.q_lens.size());
-  const int heads_log2 = std::countr_zero(static_cast<unsigned>(p.num_heads));
   int64_t max_tiles = 0;
   for (int b = 0; b < bs; ++b) {
     max_tiles = std::max<int64_t>(max_tiles,
@@ -304,8 +303,9 @@ double ideal_share(const AbsorbedProblem& p, int rows_tile, int ctas) {
     const int64_t rows = int64_t{ql} * p.num_heads;
     int64_t longest = 0;
     for (int64_t r = 0; r < rows; r += rows_tile) {
-      const int64_t last_query = (std::min<int64_t>(r + rows_tile, rows) - 1) >> heads_log2;
-      const int64_t extent = p.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
+      const int64_t last_query = (std::min<int64_t>(r + rows_tile, rows) - 1) / p.num_heads;
+      const int64_t extent =
+          p.causal && kl > 0 ? std::max<int64_t>(int64_t{kl} - ql + last_query + 1, 0) : kl;
       const int64_t cost = (extent + cuda::absorbed::kBlockN - 1) / cuda::absorbed::kBlockN + 1;
       if (groups > 1) {
         longest = std::max(longest, cost);
@@ -376,6 +376,52 @@ TEST(AbsorbedPlan, RandomBatchesAreCoveredOnceWithinTheBalanceBound) {
       "%d plans (%d without splits), %d rejected; worst CTA at most %.1f key tiles over "
       "the ideal share\n",
       planned, whole, errors, worst_excess);
+}
+
+// Head counts that are no power of two and fill no tile (FlashMLA's 1, 3, 9, 63, 126; 8 at TP16),
+// and causal requests with fewer keys than queries (their first q_len - kv_len queries see no
+// key): every plan covers each (row, key) the mask allows once, rows of one request only (126
+// heads: decode tiles of 64 and 62 rows in the two groups), within the balance bound.
+TEST(AbsorbedPlan, AnyHeadCountAndShortCausalRequestsAreCoveredOnce) {
+  Rng rng(mix_seed(base_seed(), 59));
+  const int heads_list[] = {1, 3, 8, 9, 24, 63, 65, 100, 126, 127, 128};
+  int planned = 0, short_causal = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    const int heads = heads_list[rng.uniform_int(0, std::size(heads_list) - 1)];
+    const int ctas = rng.uniform_int(0, 2) == 0 ? static_cast<int>(rng.uniform_int(1, 40)) : 132;
+    const int bs = static_cast<int>(rng.uniform_int(1, rng.uniform_int(0, 3) == 0 ? 200 : 8));
+    const bool causal = rng.uniform_int(0, 3) != 0;
+    const int max_q = rng.uniform_int(0, 2) == 0 ? 1 : static_cast<int>(rng.uniform_int(2, 8));
+    Batch b;
+    int64_t tokens = 0;
+    for (int i = 0; i < bs; ++i) {
+      const int q = static_cast<int>(rng.uniform_int(max_q == 1 ? 1 : 0, max_q));
+      const int kv = rng.uniform_int(0, 3) == 0 ? static_cast<int>(rng.uniform_int(0, q))
+                                                : static_cast<int>(rng.uniform_int(q, 5000));
+      short_causal += causal && kv < q ? 1 : 0;
+      b.rows.push_back(i);
+      b.q_lens.push_back(q);
+      b.kv_lens.push_back(kv);
+      tokens += q;
+    }
+    AttnCapacity cap{bs, tokens, 0, 8, heads};
+    cap.batch_invariant = rng.uniform_int(0, 5) == 0;
+    AbsorbedProblem p{heads, 64, causal, b.rows, b.q_lens, b.kv_lens};
+    std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes, std::byte{0});
+    auto used = cuda::absorbed::build_plan(p, cap, ctas, plan);
+    ASSERT_TRUE(used.ok()) << "iter " << iter << ": " << used.status().to_string();
+    ASSERT_EQ(fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap), "")
+        << "iter " << iter << ": heads " << heads << " ctas " << ctas << " bs " << bs;
+    if (!cap.batch_invariant) {
+      const PlanContent c = content_of(plan, *used);
+      EXPECT_TRUE(within_balance_bound(max_cta_cost(c),
+                                       ideal_share(p, c.header.rows_per_tile, ctas)))
+          << "iter " << iter << ": heads " << heads << " ctas " << ctas << " bs " << bs;
+    }
+    ++planned;
+  }
+  EXPECT_EQ(planned, 1500);
+  EXPECT_GT(short_causal, 100);
 }
 
 // Decode batches of the benchmark's shape (s_q 1, s_k in [s/2, s]) at batch 1-256, 16-128 heads,

@@ -120,8 +120,6 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
       const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
       MLA_CHECK_ARG(q >= 0 && kv >= 0, "absorbed plan: q_lens[{}] = {}, kv_lens[{}] = {}", b, q, b,
                     kv);
-      MLA_CHECK_ARG(!p.causal || kv >= q,
-                    "absorbed plan: causal kv_lens[{}] = {} is below q_lens[{}] = {}", b, kv, b, q);
       MLA_CHECK_ARG(q <= cap.max_q_len, "absorbed plan: q_lens[{}] = {} exceeds max_q_len {}", b, q,
                     cap.max_q_len);
       MLA_CHECK_ARG(p.req_rows[b] >= 0, "absorbed plan: req_rows[{}] = {} is negative", b,

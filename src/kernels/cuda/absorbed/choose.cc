@@ -7,8 +7,8 @@
 namespace mla::cuda::absorbed {
 
 StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DType cache_dtype) {
-  if (!is_supported_head_count(num_heads)) {
-    return unsupported("cuda absorbed: num_heads = {} (supported: 16, 32, 64, 128)", num_heads);
+  if (!supported_head_count(num_heads)) {
+    return unsupported("cuda absorbed: num_heads = {} (supported: 1 to {})", num_heads, kMaxHeads);
   }
   if (!is_supported_page_size(page_size)) {
     return unsupported("cuda absorbed: page_size = {} (supported: 1, 16, 32, 64, 128)", page_size);

@@ -10,6 +10,14 @@
 
 namespace mla::cuda::absorbed {
 
+// Head counts of the absorbed op: any 1..kMaxHeads. Rows of a tile are flat (token x head), so
+// a head count that fills no tile (8 heads at q_len 1: 8 of a 16-row tile) runs the kernel's
+// rows past num_rows as zeros, masked on load and store; no copy of q.
+inline constexpr int kMaxHeads = 128;
+inline bool supported_head_count(int num_heads) {
+  return num_heads >= 1 && num_heads <= kMaxHeads;
+}
+
 struct KernelChoice {
   AbsorbedKernel kernel = AbsorbedKernel::kSm90;
   // Rows (token x head) of one tile: the smallest of 16 / 32 / 64 holding num_heads x q_len
@@ -23,7 +31,7 @@ struct KernelChoice {
   const char* name = "";
 };
 
-// Error (kUnsupported, naming the field and value) for head counts other than 16/32/64/128,
+// Error (kUnsupported, naming the field and value) for head counts outside 1..128,
 // pages other than 1/16/32/64/128, q_len < 1 and caches other than bf16 / fp8 e4m3.
 StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DType cache_dtype);
 

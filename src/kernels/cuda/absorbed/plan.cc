@@ -211,7 +211,8 @@ __attribute__((noinline)) void cut_group(const Batch& in_ref, bool grouped, int 
 // with one item per row tile, the request's fields loaded once and the units built from
 // 64-bit lane pairs. Row tile r of a request (its first row r) holds
 // num_rows = min(rows_tile, rows - r) rows; its last query q = (r + num_rows - 1) / heads
-// sees extent = kv_len - q_len + q + 1 keys (causal, kv_len > 0) or kv_len (otherwise), so a
+// sees extent = max(kv_len - q_len + q + 1, 0) keys (causal, kv_len > 0) or kv_len (otherwise:
+// tile_extent), so a
 // piece [b, e) of its n = ceil(extent / 64) key tiles covers keys [64 b, min(64 e, extent)),
 // and a piece cut off before the last ends below extent. Units are checked against max_units
 // (an overflow fails the plan, so the cut stops there).
@@ -240,15 +241,11 @@ __attribute__((noinline)) void cut_tiles(const Batch& in_ref, int ctas_per_group
     if (ql == 0) continue;  // no rows, no tiles
     const int64_t rows = int64_t{ql} * in.heads;
     const int32_t kl = in.kv_lens[b];
-    const bool shifted = in.causal && kl > 0;
-    const int32_t extent0 = shifted ? kl - ql + 1 : kl;  // extent of a tile ending in query 0
-    const int32_t query_step = shifted ? 1 : 0;
     const uint64_t lens = pair(ql, kl);
     const int32_t req_row = in.req_rows[b];
     for (int64_t r = 0; r < rows; r += in.rows_tile) {
       const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
-      const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
-      const int32_t extent = extent0 + query_step * last_query;
+      const int32_t extent = tile_extent(in.causal, ql, kl, query_of(in, r + num_rows - 1));
       const int64_t n = (static_cast<uint32_t>(extent) + kBlockN - 1) / kBlockN;
       const I32x4 head = quad(pair(req_row, static_cast<int32_t>(q_row + r)),
                               pair(num_rows, static_cast<int32_t>(r)));
@@ -405,10 +402,12 @@ __attribute__((noinline)) void place_whole(const Batch& in, PlanOut& out) {
   out.overflow = false;
 }
 
-// Group 1 of 128-head decode: every request has one query, so both row tiles of a request see
-// the same keys, and group 1's units, combines and CTA begins are group 0's moved by one row
-// tile (rows_tile rows; partial slots after group 0's).
-__attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, PlanOut& out) {
+// Group 1 of 65-128-head decode: every request has one query, so both row tiles of a request
+// see the same keys, and group 1's units, combines and CTA begins are group 0's moved by one row
+// tile (rows_tile rows; partial slots after group 0's), each of heads - rows_tile rows (group
+// 0's tiles hold rows_tile: 126 heads are tiles of 64 and 62 rows).
+__attribute__((noinline)) void copy_group(int rows_tile, int heads, int ctas_per_group,
+                                          PlanOut& out) {
   std::byte* const units_out = out.units;
   std::byte* const combines_out = out.combines;
   std::byte* const cta_begin_out = out.cta_begin;
@@ -422,6 +421,7 @@ __attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, Pla
     store_i32(cta_begin_out + sizeof(int32_t) * static_cast<std::size_t>(c), units0);
   }
   const I32x4 row_step{0, rows_tile, 0, rows_tile}, partial_step{partials0, 0, 0, 0};
+  const int32_t rows_second = heads - rows_tile;
   for (int32_t i = 0; i < units0; ++i) {
     const std::byte* src = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i);
     std::byte* dst = units_out + sizeof(WorkUnit) * static_cast<std::size_t>(i + units0);
@@ -430,7 +430,9 @@ __attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, Pla
     std::memcpy(&lens, src + 16, 16);
     std::memcpy(&tail, src + 32, 16);
     tail += (tail >= 0) & partial_step;  // split units only (lanes 1-3 are 0)
-    store4(dst, head + row_step);
+    I32x4 moved = head + row_step;
+    moved[2] = rows_second;
+    store4(dst, moved);
     store4(dst + 16, lens);
     store4(dst + 32, tail);
   }
@@ -438,8 +440,9 @@ __attribute__((noinline)) void copy_group(int rows_tile, int ctas_per_group, Pla
   for (int32_t i = 0; i < combines0; ++i) {
     I32x4 c;
     std::memcpy(&c, combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i), 16);
-    store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i + combines0),
-           c + combine_step);
+    I32x4 moved = c + combine_step;
+    moved[1] = rows_second;
+    store4(combines_out + sizeof(CombineUnit) * static_cast<std::size_t>(i + combines0), moved);
   }
   for (int c = 0; c < ctas_per_group; ++c) {
     int32_t b0;
@@ -538,8 +541,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   // (num_ctas = INT32_MAX overflowed it: found by the absorbed_plan fuzz target).
   MLA_CHECK_ARG(num_ctas > 0 && num_ctas <= (1 << 20), "num_ctas = {} must be in 1..{}", num_ctas,
                 1 << 20);
-  MLA_CHECK_ARG(is_supported_head_count(p.num_heads), "num_heads = {} (supported: 16, 32, 64, 128)",
-                p.num_heads);
+  MLA_CHECK_ARG(supported_head_count(p.num_heads), "num_heads = {} (supported: 1 to {})",
+                p.num_heads, kMaxHeads);
   MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
                 "num_heads = {} differs from the capacity's num_heads = {}", p.num_heads,
                 cap.num_heads);
@@ -564,12 +567,11 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   // uses unless a request splits into row tiles cut separately. Sums in unsigned arithmetic
   // are exact once the checks pass (every length >= 0); a malformed request sends us to the
   // per-request checks, in their order, for the message.
-  uint32_t sign_bits = 0, below_q = 0;
+  uint32_t sign_bits = 0;
   int32_t max_q = 0;
   for (int b = 0; b < bs; ++b) {
     const int32_t ql = q_lens[b], kl = kv_lens[b];
     sign_bits |= static_cast<uint32_t>(ql | kl | req_rows[b]);
-    below_q |= static_cast<uint32_t>((kl < ql) & (kl != 0));
     max_q = std::max(max_q, ql);
   }
   // (also the requests with rows and the most costly one, for the whole placement of decode)
@@ -584,7 +586,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     longest = std::max(longest, cost);
     with_rows += static_cast<uint32_t>(ql != 0);
   }
-  const bool bad = (sign_bits >> 31) != 0 || (causal && below_q != 0);
+  // Causal kv_len < q_len is allowed: its first q_len - kv_len queries see no key (tile_extent).
+  const bool bad = (sign_bits >> 31) != 0;
   const int64_t q_tokens = static_cast<int64_t>(q_sum);
   const int64_t request_cost = static_cast<int64_t>(cost_sum);
   if (bad) [[unlikely]] {
@@ -592,8 +595,6 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
       const int32_t ql = q_lens[b], kl = kv_lens[b];
       MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
                     kl);
-      MLA_CHECK_ARG(!causal || kl == 0 || kl >= ql,
-                    "causal: kv_lens[{}] = {} is below q_lens[{}] = {}", b, kl, b, ql);
       MLA_CHECK_ARG(req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, req_rows[b]);
     }
   }
@@ -601,7 +602,8 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
                 q_tokens, cap.max_q_tokens);
 
   const int heads = p.num_heads;
-  const int heads_log2 = std::countr_zero(static_cast<unsigned>(heads));  // a power of two
+  const int heads_log2 =
+      std::has_single_bit(static_cast<unsigned>(heads)) ? std::countr_zero(static_cast<unsigned>(heads)) : -1;
   // The chooser's tile rows and key load path (the same for both cache dtypes).
   MLA_ASSIGN_OR_RETURN(const KernelChoice choice, choose_kernel(heads, std::max<int32_t>(max_q, 1),
                                                                 p.page_size, DType::kBF16));
@@ -641,7 +643,7 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     for (int b = 0; b < bs; ++b) {
       const uint64_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
       if (ql == 0) continue;
-      const uint64_t keys = causal && kl > 0 ? key_tile_sum(kl) - key_tile_sum(kl - ql)
+      const uint64_t keys = causal && kl > 0 ? key_tile_sum(kl) - key_tile_sum(kl > ql ? kl - ql : 0)
                                              : ql * ((kl + kBlockN - 1) / kBlockN);
       sum += keys + ql * kUnitCost;
     }
@@ -655,12 +657,9 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
       // absorbed_plan fuzz target).
       if (ql == 0) continue;
       const int64_t rows = int64_t{ql} * heads;
-      const bool shifted = causal && kl > 0;
-      const int32_t extent0 = shifted ? kl - ql + 1 : kl;
-      const int32_t query_step = shifted ? 1 : 0;
       for (int64_t r = 0; r < rows; r += rows_tile) {
         const int64_t last_row = std::min<int64_t>(r + rows_tile, rows) - 1;
-        const int32_t extent = extent0 + query_step * static_cast<int32_t>(last_row >> heads_log2);
+        const int32_t extent = tile_extent(causal, ql, kl, query_of(in, last_row));
         total_cost += (static_cast<uint32_t>(extent) + kBlockN - 1) / kBlockN + kUnitCost;
       }
     }
@@ -679,16 +678,16 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     cut_invariant(in, num_ctas, out);
   } else if (decode && few && longest_fits) {
     place_whole(in, out);
-    if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
+    if (groups > 1) copy_group(rows_tile, heads, ctas_per_group, out);  // groups == 2 (128 heads)
   } else if (groups > 1 && longest_fits &&
              deal_whole(in, decode ? 1 : groups, ctas_per_group, share + share / kWholeSlackDiv,
                         out)) {
     // Grouped requests dealt whole (the most loaded CTA within kWholeSlack of the share); for
     // decode group 0's units, then group 1's as their copy.
-    if (decode && !out.overflow) copy_group(rows_tile, ctas_per_group, out);
+    if (decode && !out.overflow) copy_group(rows_tile, heads, ctas_per_group, out);
   } else if (decode) {
     cut_group<true>(in, groups > 1, ctas_per_group, total_cost, nullptr, out);
-    if (groups > 1) copy_group(rows_tile, ctas_per_group, out);  // groups == 2 (128 heads)
+    if (groups > 1) copy_group(rows_tile, heads, ctas_per_group, out);  // groups == 2 (128 heads)
   } else if (groups > 1) {
     // Scratch reused across plans on this thread: after the first plans of the largest batch,
     // planning allocates nothing (a serving loop plans every step).

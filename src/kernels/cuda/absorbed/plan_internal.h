@@ -4,6 +4,7 @@
 // Host code only.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -40,10 +41,24 @@ struct Batch {
   const int32_t* kv_lens;
   const int32_t* req_rows;
   int bs;
-  int heads, heads_log2;
+  int heads;
+  int heads_log2;  // log2(heads) when heads is a power of two, else -1 (query_of divides)
   int rows_tile;
   bool causal;
 };
+
+// The query (token of its request) of row `row` of a request: rows are token * heads + head.
+inline int32_t query_of(const Batch& in, int64_t row) {
+  return static_cast<int32_t>(in.heads_log2 >= 0 ? row >> in.heads_log2 : row / in.heads);
+}
+
+// Keys the last row of a tile ending in query `last_query` sees: bottom-right causal
+// (kv_len - q_len + last_query + 1, none when that is <= 0: kv_len < q_len leaves the first
+// q_len - kv_len queries without a key) or kv_len.
+inline int32_t tile_extent(bool causal, int32_t ql, int32_t kl, int32_t last_query) {
+  if (!causal || kl == 0) return kl;
+  return static_cast<int32_t>(std::max<int64_t>(int64_t{kl} - ql + last_query + 1, 0));
+}
 
 // One row tile of a request, as its units need it.
 struct TileRef {
@@ -58,12 +73,12 @@ inline TileRef tile_of(const Batch& in, int b, int64_t q_row, int64_t r) {
   const int32_t ql = in.q_lens[b], kl = in.kv_lens[b];
   const int64_t rows = int64_t{ql} * in.heads;
   const int32_t num_rows = static_cast<int32_t>(std::min<int64_t>(in.rows_tile, rows - r));
-  const int32_t last_query = static_cast<int32_t>((r + num_rows - 1) >> in.heads_log2);
+  const int32_t last_query = query_of(in, r + num_rows - 1);
   TileRef t;
   t.head =
       I32x4{in.req_rows[b], static_cast<int32_t>(q_row + r), num_rows, static_cast<int32_t>(r)};
   t.lens = I32x4{ql, kl, 0, 0};
-  t.extent = in.causal && kl > 0 ? kl - ql + last_query + 1 : kl;
+  t.extent = tile_extent(in.causal, ql, kl, last_query);
   t.tiles = static_cast<int32_t>((static_cast<uint32_t>(t.extent) + kBlockN - 1) / kBlockN);
   return t;
 }
