@@ -210,6 +210,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     _refuse_unsupported(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
                         extra_indices_in_kvcache=extra_indices_in_kvcache,
                         topk_length=topk_length, extra_topk_length=extra_topk_length)
+    if not isinstance(is_fp8_kvcache, bool):  # a k_scale passed where mla's older form had it
+        raise ValueError(f"is_fp8_kvcache = {is_fp8_kvcache!r}: expected a bool (mla's per-tensor "
+                         "fp8 scale is the keyword argument k_scale=)")
     if enable_batch_invariant:
         raise ValueError("enable_batch_invariant=True: not supported by mla's FlashMLA entry "
                          "point (mla.Backend has a batch_invariant option)")

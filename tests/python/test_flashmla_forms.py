@@ -274,6 +274,7 @@ def test_bad_inputs_name_the_argument():
         (dict(attn_sink=torch.zeros(8)), r"attn_sink: FlashMLA's sparse"),
         (dict(topk_length=torch.zeros(2, dtype=torch.int32)), r"topk_length"),
         (dict(enable_batch_invariant=True), r"enable_batch_invariant=True"),
+        (dict(is_fp8_kvcache=0.02), r"is_fp8_kvcache = 0.02: expected a bool"),
         (dict(out=torch.empty(2, 1, 8, 512)), r"out: expected a torch.bfloat16 tensor"),
     ]
     for kw, msg in bad:
