@@ -32,14 +32,19 @@ def median_us(fn, iters=2000, warmup=200):
     return statistics.median(samples) / 1e3, min(samples) / 1e3
 
 
-def main():
+def parse_args():
+    """The batch-256 decode's arguments (shared with plan_sglang.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--heads", type=int, default=128)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--commit", default="")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
     dev = torch.device(args.device)
     bs = args.batch
     g = torch.Generator().manual_seed(0)

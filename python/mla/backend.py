@@ -42,9 +42,16 @@ _UNSUPPORTED_KWARGS = ("attn_sink", "topk_indices", "cos_sin_cache", "sinks")
 LATENT_DIM, ROPE_DIM, QK_HEAD_DIM, V_HEAD_DIM = 576, 64, 192, 128
 
 
+_BY_NAME = {"DECODE": "decode", "EXTEND": "extend", "MIXED": "mixed", "IDLE": "idle",
+            "TARGET_VERIFY": "target_verify", "DRAFT_EXTEND_V2": "draft_extend"}
+
+
 def _mode_name(forward_mode, family: str = "mla") -> str:
     """SGLang ForwardMode (or our strings) -> one of decode/extend/mixed/target_verify/
     draft_extend/idle; ValueError naming the mode for one no family serves."""
+    known = _BY_NAME.get(getattr(forward_mode, "name", None))
+    if known is not None:  # SGLang's ForwardMode members, by name (the per-batch fast path)
+        return known
     if isinstance(forward_mode, str):
         if forward_mode in {m for m, _ in _MODES}:
             return forward_mode
@@ -110,6 +117,7 @@ class Backend:
         self._plan: Optional[_ops.AbsorbedPlan] = None
         self._tokens = 0
         self._mode = "decode"
+        self._ones_views: Dict[int, torch.Tensor] = {}
         self.stats = {"init_forward_metadata_calls": 0, "absorbed_plans": 0, "mha_plans": 0,
                       "mha_chunk_plans": 0, "graph_plans": 0}
         if name != "ondemand_mla":
@@ -130,12 +138,19 @@ class Backend:
         self._absorbed[cap] = p
         return p
 
+    def _ones(self, bs: int) -> torch.Tensor:
+        """q_lens of a decode batch: one reused host tensor per batch size (no allocation)."""
+        t = self._ones_views.get(bs)
+        if t is None:
+            t = self._ones_views[bs] = torch.ones(bs, dtype=torch.int32)
+        return t
+
     def _lengths(self, forward_batch, mode: str):
         """Host (seq, q_lens, kv_lens, prefix) of a batch, from SGLang's host mirrors."""
         seq = _host_field(forward_batch, "seq_lens")
         bs = seq.numel()
         if mode in ("decode", "idle"):
-            return seq, torch.ones(bs, dtype=torch.int32), seq, torch.zeros(bs, dtype=torch.int32)
+            return seq, self._ones(bs), seq, None
         if mode == "target_verify":
             spec = getattr(forward_batch, "spec_info", None)
             n = getattr(spec, "draft_token_num", None)
@@ -144,7 +159,7 @@ class Backend:
                                  "target_verify batch needs the number of draft tokens (>= 1)")
             n = int(n)
             q = torch.full((bs,), n, dtype=torch.int32)
-            return seq, q, seq + n, seq.clone()
+            return seq, q, seq + n, None
         ext = _cpu_i32(forward_batch.extend_seq_lens_cpu, "forward_batch.extend_seq_lens_cpu")
         prefix = _cpu_i32(forward_batch.extend_prefix_lens_cpu,
                           "forward_batch.extend_prefix_lens_cpu")
@@ -185,13 +200,15 @@ class Backend:
         mode = _mode_name(forward_batch.forward_mode, self.name)
         self._mode = mode
         seq, q_lens, kv_lens, prefix = self._lengths(forward_batch, mode)
-        self._tokens = int(q_lens.sum())
+        decode = mode in ("decode", "idle")
+        self._tokens = q_lens.numel() if decode else int(q_lens.sum())
         self.forward_method = self._choose(mode, prefix)
-        self._chunk_plans = []
+        if self._chunk_plans:
+            self._chunk_plans = []
         if mode == "idle" or self._tokens == 0:
             return
         if self.forward_method == "absorbed":
-            bs, q_max = q_lens.numel(), int(q_lens.max())
+            bs, q_max = q_lens.numel(), 1 if decode else int(q_lens.max())
             g = self._graph_plan
             if (mode in ("decode", "target_verify") and g is not None and bs <= g.max_batch
                     and self._tokens <= g.max_q_tokens and q_max <= g.max_q_len):
