@@ -25,14 +25,19 @@ import benchlib  # noqa: E402
 ITERS, WARMUP = 2000, 200
 
 
-def main():
+def parse_args():
+    """The batch-256 decode's arguments (shared with plan_sglang.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--heads", type=int, default=128)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--commit", default="")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
     dev = torch.device(args.device)
     bs = args.batch
     g = torch.Generator().manual_seed(0)

@@ -1,5 +1,7 @@
 """mla.Backend: the attention-backend interface of SGLang (method names and call forms) over the
-mla ops, reading the engine's own pools in place.
+mla ops, reading the engine's own pools in place (given to the constructor, as SGLang 0.5.23 keeps
+them on the backend). Engine-neutral: it imports no engine; mla.integrations.sglang subclasses it
+together with SGLang's own AttentionBackend.
 
 Design (docs/design-decisions.md): the C++ backends own their latent pool (cache and
 req_to_token), while an engine owns its pools as torch tensors. This class plans with the same
@@ -14,7 +16,8 @@ Families, as in the C++ library:
   chunked_mla   like paged_mla, but extends with a prefix always take chunked-prefix MHA (the
                 engine gathers and up-projects the prefix chunks; init_mha_chunk_metadata plans
                 one non-causal MHA pass per chunk).
-  ondemand_mla  like paged_mla, with every buffer allocated on first use and grown on demand.
+  ondemand_mla  extends as chunked_mla (the C++ rule), with every buffer allocated on first use
+                and grown on demand.
 All LSEs are natural log.
 """
 from __future__ import annotations
@@ -27,34 +30,69 @@ import torch
 from . import ops as _ops
 
 FAMILIES = ("paged_mla", "chunked_mla", "ondemand_mla")
+# SGLang batch modes no family serves (sparse-prefill, prebuilt and diffusion-LLM batches).
+_UNSERVED_MODES = (("prebuilt", "is_prebuilt"), ("split_prefill", "is_split_prefill"),
+                   ("dllm_extend", "is_dllm_extend"))
+_MODES = (("idle", "is_idle"), ("target_verify", "is_target_verify"),
+          ("draft_extend", "is_draft_extend_v2"), ("draft_extend", "is_draft_extend"),
+          ("mixed", "is_mixed"), ("decode", "is_decode"), ("extend", "is_extend"))
+# Keyword arguments of SGLang's forward calls that select features mla does not implement: the
+# call is refused rather than computed without them.
+_UNSUPPORTED_KWARGS = ("attn_sink", "topk_indices", "cos_sin_cache", "sinks")
+LATENT_DIM, ROPE_DIM, QK_HEAD_DIM, V_HEAD_DIM = 576, 64, 192, 128
 
 
-def _mode_name(forward_mode) -> str:
+_BY_NAME = {"DECODE": "decode", "EXTEND": "extend", "MIXED": "mixed", "IDLE": "idle",
+            "TARGET_VERIFY": "target_verify", "DRAFT_EXTEND_V2": "draft_extend"}
+
+
+def _mode_name(forward_mode, family: str = "mla") -> str:
     """SGLang ForwardMode (or our strings) -> one of decode/extend/mixed/target_verify/
-    draft_extend/idle."""
+    draft_extend/idle; ValueError naming the mode for one no family serves."""
+    known = _BY_NAME.get(getattr(forward_mode, "name", None))
+    if known is not None:  # SGLang's ForwardMode members, by name (the per-batch fast path)
+        return known
     if isinstance(forward_mode, str):
-        return forward_mode
-    for name, pred in (("idle", "is_idle"), ("target_verify", "is_target_verify"),
-                       ("draft_extend", "is_draft_extend"), ("mixed", "is_mixed"),
-                       ("decode", "is_decode"), ("extend", "is_extend")):
-        f = getattr(forward_mode, pred, None)
-        if f is not None and f():
-            return name
-    raise ValueError(f"forward_mode {forward_mode!r}: not one of decode, extend, mixed, "
-                     "target_verify, draft_extend, idle")
+        if forward_mode in {m for m, _ in _MODES}:
+            return forward_mode
+    else:
+        for name, pred in _UNSERVED_MODES:
+            f = getattr(forward_mode, pred, None)
+            if f is not None and f():
+                raise ValueError(
+                    f"forward_batch.forward_mode = {forward_mode!r}: {family} does not serve "
+                    f"{name} batches (it serves decode, extend, mixed, target_verify, "
+                    "draft_extend and idle)")
+        for name, pred in _MODES:
+            f = getattr(forward_mode, pred, None)
+            if f is not None and f():
+                return name
+    raise ValueError(f"forward_batch.forward_mode = {forward_mode!r}: not one of decode, "
+                     f"extend, mixed, target_verify, draft_extend, idle ({family})")
 
 
-def _cpu_i32(x) -> torch.Tensor:
-    return _ops._host_i32(x, "lengths")
+def _cpu_i32(x, name: str = "lengths") -> torch.Tensor:
+    return _ops._host_i32(x, name)
+
+
+def _host_field(forward_batch, name: str):
+    """forward_batch.<name>_cpu when SGLang keeps a host mirror (no device sync), else <name>."""
+    host = getattr(forward_batch, name + "_cpu", None)
+    return _cpu_i32(host if host is not None else getattr(forward_batch, name),
+                    f"forward_batch.{name}")
 
 
 class Backend:
     def __init__(self, name: str, *, num_heads: int, page_size: int, device, sm_scale: float,
                  kv_cache_dtype=torch.bfloat16, k_scale: float = 1.0, max_batch: int = 256,
                  max_q_len: int = 8, max_extend_tokens: int = 8192,
-                 mha_prefix_threshold: int = 8192, disable_chunked_prefix_cache: bool = False):
+                 mha_prefix_threshold: int = 8192, disable_chunked_prefix_cache: bool = False,
+                 token_to_kv_pool=None, req_to_token_pool=None):
         if name not in FAMILIES:
             raise ValueError(f"name = {name!r}: one of {', '.join(FAMILIES)}")
+        if kv_cache_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+            raise ValueError(f"kv_cache_dtype = {kv_cache_dtype}: {name} stores the latent cache "
+                             "in torch.bfloat16 or torch.float8_e4m3fn")
         self.name = name
         self.num_heads = int(num_heads)
         self.page_size = int(page_size)
@@ -67,6 +105,10 @@ class Backend:
         self.max_extend_tokens = int(max_extend_tokens)
         self.mha_prefix_threshold = int(mha_prefix_threshold)
         self.disable_chunked_prefix_cache = bool(disable_chunked_prefix_cache)
+        # The engine's pools, read in place: token_to_kv_pool.get_key_buffer(layer_id) gives a
+        # layer's [slots, 1, 576] latent buffer; req_to_token_pool.req_to_token the table.
+        self.token_to_kv_pool = token_to_kv_pool
+        self.req_to_token_pool = req_to_token_pool
         self.forward_method = "absorbed"
         self._absorbed: Dict[tuple, _ops.AbsorbedPlan] = {}
         self._mha: Optional[_ops.MhaPlan] = None
@@ -74,8 +116,10 @@ class Backend:
         self._graph_plan: Optional[_ops.AbsorbedPlan] = None
         self._plan: Optional[_ops.AbsorbedPlan] = None
         self._tokens = 0
+        self._mode = "decode"
+        self._ones_views: Dict[int, torch.Tensor] = {}
         self.stats = {"init_forward_metadata_calls": 0, "absorbed_plans": 0, "mha_plans": 0,
-                      "mha_chunk_plans": 0, "graph_replays": 0}
+                      "mha_chunk_plans": 0, "graph_plans": 0}
         if name != "ondemand_mla":
             self._absorbed_plan(self.max_batch, self.max_batch * self.max_q_len, self.max_q_len)
 
@@ -94,45 +138,86 @@ class Backend:
         self._absorbed[cap] = p
         return p
 
+    def _ones(self, bs: int) -> torch.Tensor:
+        """q_lens of a decode batch: one reused host tensor per batch size (no allocation)."""
+        t = self._ones_views.get(bs)
+        if t is None:
+            t = self._ones_views[bs] = torch.ones(bs, dtype=torch.int32)
+        return t
+
     def _lengths(self, forward_batch, mode: str):
-        seq = _cpu_i32(getattr(forward_batch, "seq_lens_cpu", None)
-                       if getattr(forward_batch, "seq_lens_cpu", None) is not None
-                       else forward_batch.seq_lens)
+        """Host (seq, q_lens, kv_lens, prefix) of a batch, from SGLang's host mirrors."""
+        seq = _host_field(forward_batch, "seq_lens")
         bs = seq.numel()
         if mode in ("decode", "idle"):
-            return seq, torch.ones(bs, dtype=torch.int32), seq, torch.zeros(bs, dtype=torch.int32)
+            return seq, self._ones(bs), seq, None
         if mode == "target_verify":
-            n = int(forward_batch.spec_info.draft_token_num)
+            spec = getattr(forward_batch, "spec_info", None)
+            n = getattr(spec, "draft_token_num", None)
+            if n is None or int(n) < 1:
+                raise ValueError(f"forward_batch.spec_info.draft_token_num = {n!r}: a "
+                                 "target_verify batch needs the number of draft tokens (>= 1)")
+            n = int(n)
             q = torch.full((bs,), n, dtype=torch.int32)
-            return seq, q, seq + n, seq.clone()
-        ext = _cpu_i32(forward_batch.extend_seq_lens_cpu)
-        prefix = _cpu_i32(forward_batch.extend_prefix_lens_cpu)
+            return seq, q, seq + n, None
+        ext = _cpu_i32(forward_batch.extend_seq_lens_cpu, "forward_batch.extend_seq_lens_cpu")
+        prefix = _cpu_i32(forward_batch.extend_prefix_lens_cpu,
+                          "forward_batch.extend_prefix_lens_cpu")
+        if ext.numel() != bs or prefix.numel() != bs:
+            raise ValueError(f"forward_batch.extend_seq_lens_cpu ({ext.numel()}) and "
+                             f"extend_prefix_lens_cpu ({prefix.numel()}) must have one entry per "
+                             f"request ({bs})")
         return seq, ext, seq, prefix
 
     def _choose(self, mode: str, prefix: torch.Tensor) -> str:
+        """The forward method (SYSTEM.md 6; src/planning/forward_method.cc, the C++ rule):
+        decode, verify, draft-extend and idle are absorbed. Plain extends (extend, mixed):
+          paged_mla (prefix threshold): MHA when no request has a prefix, chunked-prefix MHA when
+            sum(prefix) >= mha_prefix_threshold and the chunked prefix cache is on, else absorbed;
+          chunked_mla, ondemand_mla (chunked unless fallback): chunked-prefix MHA (plain MHA when
+            no request has a prefix), absorbed when the fallback rule holds
+            (disable_chunked_prefix_cache and a prefix).
+        Not here (C++ only): the one-shot MHA form, piecewise-graph and batch_invariant modes."""
         if mode not in ("extend", "mixed"):
             return "absorbed"
         has_prefix = bool((prefix > 0).any()) if prefix.numel() else False
         if not has_prefix:
             return "mha"
-        if self.disable_chunked_prefix_cache:
+        if self.name == "paged_mla":
+            if (int(prefix.sum()) >= self.mha_prefix_threshold
+                    and not self.disable_chunked_prefix_cache):
+                return "mha_chunked"
             return "absorbed"
-        if self.name == "chunked_mla" or int(prefix.sum()) >= self.mha_prefix_threshold:
-            return "mha_chunked"
-        return "absorbed"
+        return "absorbed" if self.disable_chunked_prefix_cache else "mha_chunked"
 
     # ---- SGLang AttentionBackend interface ----
     def init_forward_metadata(self, forward_batch) -> None:
+        """Plans the batch on the host (SGLang's host mirrors seq_lens_cpu,
+        req_pool_indices_cpu, extend_*_lens_cpu; no device sync when they are set). Decode and
+        target-verify batches that fit the CUDA-graph capacity are planned into the graph plan,
+        so a captured graph reads the plan re-planned before each replay."""
         self.stats["init_forward_metadata_calls"] += 1
-        mode = _mode_name(forward_batch.forward_mode)
+        mode = _mode_name(forward_batch.forward_mode, self.name)
+        self._mode = mode
         seq, q_lens, kv_lens, prefix = self._lengths(forward_batch, mode)
-        self._tokens = int(q_lens.sum())
+        decode = mode in ("decode", "idle")
+        self._tokens = q_lens.numel() if decode else int(q_lens.sum())
         self.forward_method = self._choose(mode, prefix)
+        if self._chunk_plans:
+            self._chunk_plans = []
         if mode == "idle" or self._tokens == 0:
             return
         if self.forward_method == "absorbed":
-            p = self._absorbed_plan(q_lens.numel(), self._tokens, int(q_lens.max()))
-            p.plan(_cpu_i32(forward_batch.req_pool_indices), q_lens, kv_lens)
+            bs, q_max = q_lens.numel(), 1 if decode else int(q_lens.max())
+            g = self._graph_plan
+            if (mode in ("decode", "target_verify") and g is not None and bs <= g.max_batch
+                    and self._tokens <= g.max_q_tokens and q_max <= g.max_q_len):
+                p = g
+                self.stats["graph_plans"] += 1
+            else:
+                p = self._absorbed_plan(bs, self._tokens, q_max)
+            rows = _host_field(forward_batch, "req_pool_indices")
+            p.plan(rows, q_lens, kv_lens)
             self._plan = p
             self.stats["absorbed_plans"] += 1
             return
@@ -150,104 +235,164 @@ class Backend:
         self.stats["mha_plans"] += 1
 
     def init_mha_chunk_metadata(self, forward_batch, disable_flashinfer_ragged: bool = False):
-        """One non-causal MHA plan per prefix chunk, from the engine's chunk lengths
-        (forward_batch.prefix_chunk_cu_seq_lens: per chunk, cumulative keys per request)."""
-        chunks = getattr(forward_batch, "prefix_chunk_cu_seq_lens", None) or []
+        """One non-causal MHA plan per prefix chunk. The chunk lengths come from SGLang's
+        forward_batch.prefix_chunk_seq_lens_cpu [chunks, bs] (host, no sync) or, without it,
+        prefix_chunk_cu_seq_lens [chunks, bs + 1] (cumulative keys per request)."""
         self._chunk_plans = []
-        for cu in chunks:
-            kv = _cpu_i32(cu)
+        if self.forward_method != "mha_chunked":
+            return
+        lens = getattr(forward_batch, "prefix_chunk_seq_lens_cpu", None)
+        if lens is not None:
+            lens = torch.as_tensor(lens).to(torch.int32)
+            cu = torch.zeros(lens.shape[0], lens.shape[1] + 1, dtype=torch.int32)
+            torch.cumsum(lens, 1, out=cu[:, 1:])
+            field = "prefix_chunk_seq_lens_cpu"
+        else:
+            cu = getattr(forward_batch, "prefix_chunk_cu_seq_lens", None)
+            if cu is None:
+                raise ValueError("forward_batch.prefix_chunk_cu_seq_lens is None: "
+                                 "init_mha_chunk_metadata needs the prefix chunks")
+            cu = torch.as_tensor(cu).to("cpu", torch.int32)
+            field = "prefix_chunk_cu_seq_lens"
+        bs = self._qo_indptr.numel() - 1
+        if cu.dim() != 2 or cu.shape[1] != bs + 1:
+            raise ValueError(f"forward_batch.{field}: shape {tuple(cu.shape)}, expected "
+                             f"[num_prefix_chunks, {bs + (field == 'prefix_chunk_cu_seq_lens')}]")
+        for kv in cu:
+            kv = kv.contiguous()
             p = _ops.MhaPlan(self.device, self.num_heads, causal=False,
-                             max_batch=max(kv.numel() - 1, 1), max_q_tokens=max(self._tokens, 1),
+                             max_batch=max(bs, 1), max_q_tokens=max(self._tokens, 1),
                              max_kv_tokens=max(int(kv[-1]), 1))
             p.plan(self._qo_indptr, kv)
             self._chunk_plans.append(p)
             self.stats["mha_chunk_plans"] += 1
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """The plan a captured decode / target-verify graph reads (fixed addresses)."""
         q_len = max(1, -(-int(max_num_tokens) // int(max_bs)))
         self._graph_plan = _ops.AbsorbedPlan(self.device, self.num_heads, self.page_size,
                                              max_batch=int(max_bs),
                                              max_q_tokens=int(max_num_tokens), max_q_len=q_len)
 
-    def _graph_plan_for(self, bs, req_pool_indices, seq_lens_cpu, forward_mode, spec_info):
-        if self._graph_plan is None:
-            raise RuntimeError(f"{self.name}: init_cuda_graph_state was not called")
-        mode = _mode_name(forward_mode)
-        seq = _cpu_i32(seq_lens_cpu)[:bs]
-        n = int(spec_info.draft_token_num) if mode == "target_verify" else 1
-        q_lens = torch.full((bs,), n, dtype=torch.int32)
-        kv = seq + n if mode == "target_verify" else seq
-        rows = _cpu_i32(req_pool_indices)[:bs]
-        self._graph_plan.plan(rows, q_lens, kv)
-        self._plan = self._graph_plan
-        self._tokens = bs * n
-        self.forward_method = "absorbed"
-
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens,
-                                                 encoder_lens, forward_mode, spec_info):
-        self._graph_plan_for(bs, req_pool_indices, seq_lens, forward_mode, spec_info)
-
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens,
-                                                seq_lens_sum, encoder_lens, forward_mode,
-                                                spec_info, seq_lens_cpu=None):
-        self._graph_plan_for(bs, req_pool_indices,
-                             seq_lens_cpu if seq_lens_cpu is not None else seq_lens,
-                             forward_mode, spec_info)
-        self.stats["graph_replays"] += 1
-
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
 
     # ---- per layer ----
-    def _latent_cache(self, layer, forward_batch) -> torch.Tensor:
-        buf = forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
-        return buf.view(buf.shape[0], -1)
+    def _check_layer(self, layer, head_dim: int, v_head_dim: int) -> None:
+        heads = getattr(layer, "tp_q_head_num", self.num_heads)
+        if heads != self.num_heads:
+            raise ValueError(f"layer.tp_q_head_num = {heads}: {self.name} was planned for "
+                             f"{self.num_heads} heads per rank")
+        for field, got, want in (("head_dim", getattr(layer, "head_dim", head_dim), head_dim),
+                                 ("v_head_dim", getattr(layer, "v_head_dim", v_head_dim),
+                                  v_head_dim)):
+            if got != want:
+                raise ValueError(f"layer.{field} = {got}: {self.name} serves DeepSeek MLA "
+                                 f"({field} {want} for this call form)")
 
-    def _save(self, layer, forward_batch, c_kv, k_pe):
-        cache = self._latent_cache(layer, forward_batch)
-        _ops.kv_write(c_kv.reshape(c_kv.shape[0], -1), k_pe.reshape(k_pe.shape[0], -1),
-                      forward_batch.out_cache_loc.to(torch.int32), cache, self.k_scale)
+    def _latent_cache(self, layer) -> torch.Tensor:
+        pool = self.token_to_kv_pool
+        if pool is None:
+            raise ValueError(f"{self.name}: token_to_kv_pool is None (the engine's KV pool)")
+        buf = pool.get_key_buffer(layer.layer_id)
+        if buf.dim() != 3 or buf.shape[1] != 1 or buf.shape[2] != LATENT_DIM:
+            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer.layer_id}): shape "
+                             f"{tuple(buf.shape)}, expected [slots, 1, {LATENT_DIM}] (an MLA "
+                             "latent pool: kv_lora_rank 512 + qk_rope_head_dim 64)")
+        if buf.dtype != self.kv_cache_dtype:
+            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer.layer_id}): dtype "
+                             f"{buf.dtype}, but {self.name} was built for kv_cache_dtype "
+                             f"{self.kv_cache_dtype}")
+        if buf.device != self.device:
+            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer.layer_id}): device "
+                             f"{buf.device}, backend device {self.device}")
+        return buf.view(buf.shape[0], LATENT_DIM)
 
-    def _absorbed_forward(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope):
+    def _write_loc(self, forward_batch):
+        """Where the new tokens' latent rows go (the engine adapter passes its own loc type)."""
+        return forward_batch.out_cache_loc
+
+    def _save(self, layer, forward_batch, k, k_rope):
+        """Writes the new tokens' latent rows through the pool's own write door
+        (set_mla_kv_buffer) when it has one, else with mla's kv_write op. k is c_kv
+        [T, 1, 512] with k_rope [T, 1, 64], or the whole row [T, 1, 576] with k_rope None."""
+        if k_rope is None:
+            if k.shape[-1] != LATENT_DIM:
+                raise ValueError(f"k: last dimension {k.shape[-1]}, expected {LATENT_DIM} when "
+                                 "k_rope is not given (or 512 with k_rope)")
+            k_rope = k[..., _ops.KV_LORA_RANK:]
+            k = k[..., :_ops.KV_LORA_RANK]
+        pool = self.token_to_kv_pool
+        if hasattr(pool, "set_mla_kv_buffer"):
+            pool.set_mla_kv_buffer(layer, self._write_loc(forward_batch),
+                                   k.reshape(-1, 1, _ops.KV_LORA_RANK),
+                                   k_rope.reshape(-1, 1, ROPE_DIM))
+            return
+        _ops.kv_write(k.reshape(k.shape[0], -1), k_rope.reshape(k_rope.shape[0], -1),
+                      forward_batch.out_cache_loc.to(torch.int32), self._latent_cache(layer),
+                      self.k_scale)
+
+    def _refuse_kwargs(self, kwargs) -> None:
+        for name in _UNSUPPORTED_KWARGS:
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{name}: {self.name} does not implement it (pass None or use "
+                                 "another attention backend)")
+
+    def _absorbed_forward(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope,
+                          kwargs):
+        self._refuse_kwargs(kwargs)
+        if self._plan is None:
+            raise RuntimeError(f"{self.name}: init_forward_metadata was not called")
+        self._check_layer(layer, LATENT_DIM, _ops.KV_LORA_RANK)
         T, H = self._tokens, self.num_heads
         if save_kv_cache and k is not None:
             self._save(layer, forward_batch, k, k_rope)
         if q_rope is not None:
-            q = torch.cat([q.reshape(T, H, 512), q_rope.reshape(T, H, 64)], dim=-1)
+            q = torch.cat([q.reshape(T, H, 512), q_rope.reshape(T, H, ROPE_DIM)], dim=-1)
         else:
-            q = q.reshape(T, H, 576)
+            q = q.reshape(T, H, LATENT_DIM)
         o = torch.empty(T, H, 512, dtype=q.dtype, device=q.device)
         lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-        self._plan.run(q, self._latent_cache(layer, forward_batch),
-                       forward_batch.req_to_token_pool.req_to_token, o, lse,
+        self._plan.run(q, self._latent_cache(layer), self.req_to_token_pool.req_to_token, o, lse,
                        getattr(layer, "scaling", self.sm_scale), self.k_scale)
         return o.view(T, H * 512)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None,
                        k_rope=None, **kwargs):
-        return self._absorbed_forward(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope)
+        return self._absorbed_forward(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope,
+                                      kwargs)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None,
                        k_rope=None, **kwargs):
         if self.forward_method == "absorbed":
             return self._absorbed_forward(q, k, layer, forward_batch, save_kv_cache, q_rope,
-                                          k_rope)
+                                          k_rope, kwargs)
+        self._refuse_kwargs(kwargs)
+        if q_rope is not None or q.shape[-1] == LATENT_DIM:
+            raise ValueError(f"q: the absorbed (latent) form, but {self.name} planned this batch "
+                             f"as {self.forward_method} (q [T, H, 192], k, v up-projected)")
+        self._check_layer(layer, QK_HEAD_DIM, V_HEAD_DIM)
         # MHA forms: q [T, H, 192], k [N, H, 192], v [N, H, 128] (already up-projected).
         T, H = self._tokens, self.num_heads
-        q = q.reshape(T, H, 192)
-        k = k.reshape(k.shape[0], H, 192)
-        v = v.reshape(v.shape[0], H, 128)
-        o = torch.empty(T, H, 128, dtype=q.dtype, device=q.device)
+        q = q.reshape(T, H, QK_HEAD_DIM)
+        k = k.reshape(k.shape[0], H, QK_HEAD_DIM)
+        v = v.reshape(v.shape[0], H, V_HEAD_DIM)
+        o = torch.empty(T, H, V_HEAD_DIM, dtype=q.dtype, device=q.device)
         lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
         scale = getattr(layer, "scaling", self.sm_scale)
         if getattr(forward_batch, "attn_attend_prefix_cache", False):
-            plan = self._chunk_plans[forward_batch.prefix_chunk_idx]
+            idx = forward_batch.prefix_chunk_idx
+            if not 0 <= idx < len(self._chunk_plans):
+                raise ValueError(f"forward_batch.prefix_chunk_idx = {idx}: "
+                                 f"{len(self._chunk_plans)} prefix chunks were planned "
+                                 "(init_mha_chunk_metadata)")
+            plan = self._chunk_plans[idx]
         else:
             plan = self._mha
         plan.run(q, k, v, o, lse, scale)
         if getattr(forward_batch, "mha_return_lse", False):
             return o, lse
-        return o.view(T, H * 128)
+        return o.view(T, H * V_HEAD_DIM)
 
     # ---- resources ----
     def memory_ledger(self) -> List[Dict[str, Any]]:

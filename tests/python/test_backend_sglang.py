@@ -1,225 +1,309 @@
-"""mla.Backend through SGLang's call order, against stubs that copy SGLang 0.5.x's ForwardBatch,
-token-pool and KV-pool field names; and the plugin's registration through the stub sglang."""
-import importlib
-import itertools
-import math
-import os
-import sys
-from types import SimpleNamespace
+"""mla's SGLang backends inside the REAL SGLang 0.5.23 (scripts/setup-engines.sh installs it):
+its plugin loader and argument parser, AttentionBackend, RadixAttention.forward inside its
+forward_context, ForwardBatch, MLATokenToKVPool / ReqToTokenPool and DeepSeek's backend lists,
+on CPU tensors, against the float64 oracle."""
+import argparse
 
 import pytest
 import torch
 
-import mla
-from mla.backend import Backend
+pytest.importorskip("sglang.srt.layers.attention.base_attn_backend",
+                    reason="sglang 0.5.23 is not installed (scripts/setup-engines.sh installs it)")
 
-import oracle
-from cases import PagedCase
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context  # noqa: E402
+from sglang.srt.models.deepseek_common.attention_backend_handler import (  # noqa: E402
+    AttentionBackendRegistry, AttnForwardMethod)
+from sglang.srt.models.deepseek_common.utils import (  # noqa: E402
+    FORWARD_ABSORB_CORE_ATTENTION_BACKENDS)
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
-STUB = os.path.join(os.path.dirname(__file__), "sglang_stub")
+from mla.integrations import sglang as plugin  # noqa: E402
 
+import oracle  # noqa: E402
+import sglang_env as env  # noqa: E402
+from cases import PagedCase  # noqa: E402
 
-class ForwardMode:
-    def __init__(self, name):
-        self.name = name
-
-    def is_decode(self):
-        return self.name == "decode"
-
-    def is_extend(self):
-        return self.name in ("extend", "mixed", "target_verify", "draft_extend")
-
-    def is_mixed(self):
-        return self.name == "mixed"
-
-    def is_target_verify(self):
-        return self.name == "target_verify"
-
-    def is_draft_extend(self):
-        return self.name == "draft_extend"
-
-    def is_idle(self):
-        return self.name == "idle"
+NAMES = {"paged_mla": "mla_paged", "chunked_mla": "mla_chunked", "ondemand_mla": "mla_ondemand"}
+H, P = 16, 16
 
 
-class ReqToTokenPool:
-    def __init__(self, req_to_token):
-        self.req_to_token = req_to_token
+@pytest.fixture(autouse=True)
+def single_rank():
+    # What SGLang publishes at start-up for one rank (the pool's write door reads the DCP width).
+    with get_parallel().override(attn_tp_size=1, attn_dcp_size=1, attn_dcp_rank=0):
+        yield
 
 
-class MLATokenToKVPool:
-    def __init__(self, kv_buffer):
-        self.kv_buffer = kv_buffer  # per layer [slots, 1, 576]
-
-    def get_key_buffer(self, layer_id):
-        return self.kv_buffer[layer_id]
+def handler_method(backend, fb):
+    with forward_context(ForwardContext(attn_backend=backend)):
+        return plugin.deepseek_forward_method(None, fb)
 
 
-def _batch(case, mode, q_lens, kv_lens, prefix, out_cache_loc, device, **extra):
-    bs = len(kv_lens)
-    seq = torch.tensor(kv_lens if mode != "target_verify" else [k - q for k, q in zip(kv_lens, q_lens)],
-                       dtype=torch.int32)
-    fb = SimpleNamespace(
-        forward_mode=ForwardMode(mode), batch_size=bs,
-        req_pool_indices=case.rows.to(device), seq_lens=seq.to(device), seq_lens_cpu=seq,
-        out_cache_loc=out_cache_loc.to(device),
-        extend_seq_lens_cpu=list(q_lens), extend_prefix_lens_cpu=list(prefix),
-        req_to_token_pool=ReqToTokenPool(case.req_to_token),
-        token_to_kv_pool=MLATokenToKVPool([case.cache.view(-1, 1, 576)]),
-        spec_info=SimpleNamespace(draft_token_num=q_lens[0]), mha_return_lse=False,
-        attn_attend_prefix_cache=False, prefix_chunk_idx=0, prefix_chunk_cu_seq_lens=None)
-    for k, v in extra.items():
-        setattr(fb, k, v)
-    return fb
+def run(backend, layer, fb, *args, **kwargs):
+    with forward_context(ForwardContext(attn_backend=backend)):
+        return layer.forward(*args, fb, **kwargs)
 
 
-@pytest.mark.parametrize("family", ["paged_mla", "chunked_mla", "ondemand_mla"])
-@pytest.mark.parametrize("mode,q_len", [("decode", 1), ("target_verify", 3)])
-@pytest.mark.parametrize("split_q", [True, False])
-def test_backend_absorbed_modes(device, family, mode, q_len, split_q):
-    H, P = 16, 16
+def test_parser_accepts_mla_names_after_the_real_plugin_loader():
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+    load_plugins()  # finds mla through the installed package's sglang.srt.plugins entry point
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for name in NAMES.values():
+        args = parser.parse_args(["--model-path", "m", "--attention-backend", name,
+                                  "--decode-attention-backend", name])
+        assert args.attention_backend == name and args.decode_attention_backend == name
+        assert name in ATTENTION_BACKENDS and name in FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+        assert AttentionBackendRegistry.get_handler(name) is plugin.deepseek_forward_method
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-path", "m", "--attention-backend", "mla_fast"])
+    plugin.register()  # idempotent: no name twice
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES
+    assert ATTENTION_BACKEND_CHOICES.count("mla_paged") == 1
+    assert FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.count("mla_paged") == 1
+
+
+def test_factory_builds_the_real_subclass():
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    plugin.register()
+    case = PagedCase(page_size=P, kv_lens=[5], q_lens=[1], heads=H, layout="shuffled", seed=1)
+    r = env.runner(case, heads=16, tp_size=8)  # 128 heads over 8 attention-TP ranks
+    with get_parallel().override(attn_tp_size=8):
+        be = ATTENTION_BACKENDS["mla_chunked"](r)
+    assert isinstance(be, AttentionBackend) and be.name == "chunked_mla" and be.num_heads == 16
+    assert be.token_to_kv_pool is r.token_to_kv_pool
+    assert be.req_to_token_pool is r.req_to_token_pool
+    assert type(be).forward is AttentionBackend.forward  # SGLang's own dispatch
+
+
+def _absorbed_case(mode, q_len, seed):
     kv_lens = [q_len + 20, q_len + 3, q_len + 40]
-    case = PagedCase(page_size=P, kv_lens=kv_lens, q_lens=[q_len] * 3, heads=H,
-                     layout="interleaved", seed=7 + q_len).to(device)
-    # The new tokens' latent rows arrive through save_kv_cache (they are in the oracle's cache).
-    new_slots = torch.cat([case.slots(b)[-q_len:] for b in range(3)]).to(torch.int32)
-    new_rows = case.cache[new_slots.long().to(device)].clone()
-    case.cache[new_slots.long().to(device)] = 0
-    be = Backend(family, num_heads=H, page_size=P, device=device, sm_scale=case.sm_scale,
-                 max_batch=4, max_q_len=4)
-    fb = _batch(case, mode, [q_len] * 3, kv_lens, [k - q_len for k in kv_lens], new_slots, device)
+    return PagedCase(page_size=P, kv_lens=kv_lens, q_lens=[q_len] * 3, heads=H,
+                     layout="interleaved", seed=seed)
+
+
+@pytest.mark.parametrize("family", list(NAMES))
+@pytest.mark.parametrize("mode,q_len", [("decode", 1), ("target_verify", 3),
+                                        ("draft_extend", 2)])
+@pytest.mark.parametrize("split", [True, False])
+def test_absorbed_modes_through_radix_attention(family, mode, q_len, split):
+    case = _absorbed_case(mode, q_len, 7 + q_len)
+    be = env.backend(NAMES[family], case, heads=H)
+    slots = env.new_slots(case, [q_len] * 3)
+    new_rows = case.cache[slots].clone()
+    pool = be.token_to_kv_pool
+    pool.kv_buffer[0][slots] = 0  # the new rows arrive through save_kv_cache
+    spec = type("Spec", (), {"draft_token_num": q_len, "topk": 1})()
+    fb = env.batch(case, mode, [q_len] * 3, spec_info=spec)
     be.init_forward_metadata(fb)
-    layer = SimpleNamespace(layer_id=0, scaling=case.sm_scale, tp_q_head_num=H)
-    c_kv, k_pe = new_rows[:, :512].reshape(-1, 1, 512), new_rows[:, 512:].reshape(-1, 1, 64)
+    assert be.forward_method == "absorbed"
+    layer = env.attn_mqa(H, case.sm_scale)
     T = 3 * q_len
-    if split_q:
-        q, q_rope = case.q[..., :512].reshape(T, H * 512), case.q[..., 512:].reshape(T, H * 64)
-    else:
-        q, q_rope = case.q.reshape(T, H * 576), None
-    fwd = be.forward_decode if mode == "decode" else be.forward_extend
-    o = fwd(q, c_kv, None, layer, fb, save_kv_cache=True, q_rope=q_rope, k_rope=k_pe)
+    c_kv, k_pe = new_rows[:, None, :512], new_rows[:, None, 512:]
+    if split:  # DeepSeek's form for FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+        o = run(be, layer, fb, case.q[..., :512], c_kv, c_kv, q_rope=case.q[..., 512:],
+                k_rope=k_pe)
+    else:  # the concatenated form DeepSeek sends other backends
+        o = run(be, layer, fb, case.q, new_rows[:, None, :], c_kv)
     assert o.shape == (T, H * 512)
     ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(3)],
                                [q_len] * 3, case.sm_scale, True)
     assert oracle.rel_err(o.view(T, H, 512), ref_o) < 1e-2
-    assert torch.equal(case.cache[new_slots.long().to(device)], new_rows)
-    ledger = be.memory_ledger()
-    assert ledger and all(set(r) == {"name", "owner", "device", "bytes", "zeroed"} for r in ledger)
+    assert torch.equal(pool.kv_buffer[0][slots].view(-1, 576), new_rows)
 
 
-def test_backend_extend_mha_paths(device):
-    H, P = 16, 16
-    q_lens, prefix = [4, 2], [0, 0]
+def test_idle_batch():
+    case = _absorbed_case("decode", 1, 3)
+    be = env.backend("mla_paged", case, heads=H)
+    e = torch.empty(0, dtype=torch.int64)
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    fb = ForwardBatch(forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=e,
+                      req_pool_indices=e, seq_lens=e.int(), out_cache_loc=e, seq_lens_sum=0,
+                      seq_lens_cpu=e.int(), req_pool_indices_cpu=e)
+    be.init_forward_metadata(fb)
+    q = torch.empty(0, H, 576, dtype=torch.bfloat16)
+    o = run(be, env.attn_mqa(H, 0.1), fb, q, torch.empty(0, 1, 576, dtype=torch.bfloat16),
+            torch.empty(0, 1, 512, dtype=torch.bfloat16))
+    assert o.shape == (0, H * 512)
+
+
+def test_extend_with_prefix_absorbed_paged():
+    """paged_mla: short prefixes (sum below the threshold) are served absorbed, causal."""
+    q_lens = [4, 2]
+    case = PagedCase(page_size=P, kv_lens=[30, 14], q_lens=q_lens, heads=H, layout="shuffled",
+                     seed=5)
+    be = env.backend("mla_paged", case, heads=H)
+    fb = env.batch(case, "extend", q_lens)
+    be.init_forward_metadata(fb)
+    assert be.forward_method == "absorbed"
+    assert handler_method(be, fb) == AttnForwardMethod.MLA
+    layer = env.attn_mqa(H, case.sm_scale)
+    o = run(be, layer, fb, case.q, case.cache[env.new_slots(case, q_lens)][:, None, :],
+            case.cache[env.new_slots(case, q_lens)][:, None, :512])
+    ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(2)], q_lens,
+                               case.sm_scale, True)
+    assert oracle.rel_err(o.view(6, H, 512), ref_o) < 1e-2
+
+
+@pytest.mark.parametrize("family", ["chunked_mla", "ondemand_mla"])
+def test_extend_with_prefix_chunked(family, monkeypatch):
+    """DeepSeek's MHA_CHUNKED_KV flow as forward_mha.py runs it: a causal MHA over the new tokens
+    returning LSE, then SGLang's own prepare_chunked_prefix_cache_info (several chunks: capacity
+    32 over 2 requests), init_mha_chunk_metadata with its 2-D tensors, one non-causal pass per
+    chunk, merged; against one causal attention over prefix + new tokens. Only SGLang's
+    prepare_chunked_kv_indices (the slots DeepSeek gathers the prefix from: a Triton kernel, no
+    CPU path; the backend does not read them) is skipped."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    monkeypatch.setenv("SGLANG_MAX_KV_CHUNK_CAPACITY", "32")
+    monkeypatch.setattr(ForwardBatch, "prepare_chunked_kv_indices", lambda *a, **k: None)
+    q_lens, prefix = [4, 2], [37, 12]
     kv_lens = [q + p for q, p in zip(q_lens, prefix)]
     case = PagedCase(page_size=P, kv_lens=kv_lens, q_lens=q_lens, heads=H, layout="shuffled",
-                     seed=2).to(device)
-    be = Backend("chunked_mla", num_heads=H, page_size=P, device=device, sm_scale=0.1,
-                 max_batch=4)
-    fb = _batch(case, "extend", q_lens, kv_lens, prefix, torch.zeros(6, dtype=torch.int32), device,
-                mha_return_lse=True)
-    be.init_forward_metadata(fb)
-    assert be.forward_method == "mha"
-    g = torch.Generator().manual_seed(0)
-    q = (torch.randn(6, H, 192, generator=g) * 0.5).to(torch.bfloat16).to(device)
-    k = (torch.randn(6, H, 192, generator=g) * 0.5).to(torch.bfloat16).to(device)
-    v = (torch.randn(6, H, 128, generator=g) * 0.5).to(torch.bfloat16).to(device)
-    layer = SimpleNamespace(layer_id=0, scaling=0.1, tp_q_head_num=H)
-    o, lse = be.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
-    ref_o, ref_lse = oracle.mha(q, k, v, [0, 4, 6], [0, 4, 6], 0.1, True)
-    assert oracle.rel_err(o, ref_o) < 1e-2 and oracle.lse_close(lse, ref_lse) < 1e-2
-
-    # With a prefix: chunked_mla plans the engine's prefix chunks (non-causal) and the causal
-    # pass over the new tokens.
-    prefix = [30, 12]
-    kv_lens = [q + p for q, p in zip(q_lens, prefix)]
-    fb = _batch(case, "extend", q_lens, kv_lens, prefix, torch.zeros(6, dtype=torch.int32), device,
-                mha_return_lse=True,
-                prefix_chunk_cu_seq_lens=[torch.tensor([0, 20, 32], dtype=torch.int32),
-                                          torch.tensor([0, 10, 10], dtype=torch.int32)])
+                     seed=2)
+    be = env.backend(NAMES[family], case, heads=H)
+    fb = env.batch(case, "extend", q_lens)
     be.init_forward_metadata(fb)
     assert be.forward_method == "mha_chunked"
-    be.init_mha_chunk_metadata(fb)
-    ck = (torch.randn(32, H, 192, generator=g) * 0.5).to(torch.bfloat16).to(device)
-    cv = (torch.randn(32, H, 128, generator=g) * 0.5).to(torch.bfloat16).to(device)
-    fb.attn_attend_prefix_cache, fb.prefix_chunk_idx = True, 0
-    o, lse = be.forward_extend(q, ck, cv, layer, fb, save_kv_cache=False)
-    ref_o, ref_lse = oracle.mha(q, ck, cv, [0, 4, 6], [0, 20, 32], 0.1, False)
-    assert oracle.rel_err(o, ref_o) < 1e-2 and oracle.lse_close(lse, ref_lse) < 1e-2
-    # paged_mla takes the absorbed path for short prefixes.
-    pb = Backend("paged_mla", num_heads=H, page_size=P, device=device, sm_scale=0.1, max_batch=4)
-    pb.init_forward_metadata(fb)
-    assert pb.forward_method == "absorbed"
+    assert handler_method(be, fb) == AttnForwardMethod.MHA_CHUNKED_KV
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * 0.5).to(torch.bfloat16)
+
+    q, k, v = rnd(6, H, 192), rnd(6, H, 192), rnd(6, H, 128)
+    pk, pv = [rnd(p, H, 192) for p in prefix], [rnd(p, H, 128) for p in prefix]
+    layer = env.attn_mha(H, 0.1)
+    with forward_context(ForwardContext(attn_backend=be)):
+        fb.mha_return_lse = True
+        fb.set_attn_attend_prefix_cache(False)
+        o, lse = layer.forward(q, k, v, fb, save_kv_cache=False)
+        fb.prepare_chunked_prefix_cache_info(torch.device("cpu"))
+        assert fb.num_prefix_chunks == 3 and fb.prefix_chunk_cu_seq_lens.dim() == 2
+        be.init_mha_chunk_metadata(fb)
+        fb.set_attn_attend_prefix_cache(True)
+        o, lse = o.view(6, H, 128), lse
+        for i in range(fb.num_prefix_chunks):
+            fb.set_prefix_chunk_idx(i)
+            s, n = fb.prefix_chunk_starts_cpu[i].tolist(), fb.prefix_chunk_seq_lens_cpu[i].tolist()
+            ck = torch.cat([pk[b][s[b]:s[b] + n[b]] for b in range(2)])
+            cv = torch.cat([pv[b][s[b]:s[b] + n[b]] for b in range(2)])
+            co, cl = layer.forward(q, ck, cv, fb, save_kv_cache=False)
+            m_o, m_l = oracle.merge(o, lse, co.view(6, H, 128), cl)
+            o, lse = m_o.to(torch.bfloat16), m_l.to(torch.float32)
+    new = [slice(sum(q_lens[:b]), sum(q_lens[:b + 1])) for b in range(2)]
+    full_k = torch.cat([torch.cat([pk[b], k[new[b]]]) for b in range(2)])
+    full_v = torch.cat([torch.cat([pv[b], v[new[b]]]) for b in range(2)])
+    ref_o, ref_lse = oracle.mha(q, full_k, full_v, [0, 4, 6], [0, kv_lens[0], sum(kv_lens)],
+                                0.1, True)
+    assert oracle.rel_err(o, ref_o) < 1e-2 and oracle.lse_close(lse, ref_lse) < 2e-2
 
 
-def test_backend_cuda_graph_methods(device):
-    H, P = 16, 16
-    case = PagedCase(page_size=P, kv_lens=[9, 30, 17, 5], q_lens=[1] * 4, heads=H,
-                     layout="reversed", seed=4).to(device)
-    be = Backend("paged_mla", num_heads=H, page_size=P, device=device, sm_scale=case.sm_scale,
-                 max_batch=4)
+@pytest.mark.parametrize("family,prefix,method", [
+    ("paged_mla", [0, 0], "mha"), ("chunked_mla", [0, 0], "mha"),
+    ("paged_mla", [9000, 10], "mha_chunked"), ("chunked_mla", [9, 1], "mha_chunked"),
+    ("ondemand_mla", [9, 1], "mha_chunked")])
+def test_forward_method_rule(family, prefix, method):
+    """The C++ rule (src/planning/forward_method.cc): paged_mla by threshold (8192), chunked_mla
+    and ondemand_mla chunked whenever a prefix exists; DeepSeek's handler follows the plan."""
+    q_lens = [2, 1]
+    case = PagedCase(page_size=P, kv_lens=[q + p for q, p in zip(q_lens, prefix)],
+                     q_lens=q_lens, heads=H, layout="shuffled", seed=9)
+    be = env.backend(NAMES[family], case, heads=H)
+    fb = env.batch(case, "extend", q_lens, prefix=prefix)
+    be.init_forward_metadata(fb)
+    assert be.forward_method == method
+    want = {"mha": AttnForwardMethod.MHA, "mha_chunked": AttnForwardMethod.MHA_CHUNKED_KV}
+    assert handler_method(be, fb) == want[method]
+    off = env.backend(NAMES[family], case, heads=H, disable_chunked_prefix_cache=True)
+    off.init_forward_metadata(fb)
+    assert off.forward_method == ("mha" if not any(prefix) else "absorbed")
+
+
+def test_cuda_graph_hooks_replan_into_the_captured_plan():
+    case = _absorbed_case("decode", 1, 4)
+    be = env.backend("mla_paged", case, heads=H)
     be.init_cuda_graph_state(4, 4)
     assert be.get_cuda_graph_seq_len_fill_value() == 1
-    seq = torch.tensor([9, 30, 17, 5], dtype=torch.int32)
-    be.init_forward_metadata_capture_cuda_graph(4, 4, case.rows, seq, None,
-                                                ForwardMode("decode"), None)
-    be.init_forward_metadata_replay_cuda_graph(4, case.rows, seq, int(seq.sum()), None,
-                                               ForwardMode("decode"), None, seq)
-    fb = _batch(case, "decode", [1] * 4, [9, 30, 17, 5], [8, 29, 16, 4],
-                torch.zeros(4, dtype=torch.int32), device)
-    layer = SimpleNamespace(layer_id=0, scaling=case.sm_scale, tp_q_head_num=H)
-    o = be.forward_decode(case.q.reshape(4, -1), None, None, layer, fb, save_kv_cache=False)
-    ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(4)], [1] * 4,
-                               case.sm_scale, True)
-    assert oracle.rel_err(o.view(4, H, 512), ref_o) < 1e-2
-    assert be.stats["graph_replays"] == 1
+    fb = env.batch(case, "decode", [1] * 3)
+    be.init_forward_metadata_out_graph(fb, in_capture=True)
+    be.init_forward_metadata_in_graph(fb)
+    captured = be._plan
+    assert captured is be._graph_plan
+    # Replay: other lengths, planned into the same buffers.
+    case2 = PagedCase(page_size=P, kv_lens=[9, 30, 17], q_lens=[1] * 3, heads=H,
+                      layout="reversed", seed=11)
+    be.token_to_kv_pool.kv_buffer[0][:case2.num_slots] = case2.cache.view(-1, 1, 576)
+    r, c = case2.req_to_token.shape
+    be.req_to_token_pool.req_to_token[:r, :c] = case2.req_to_token
+    fb2 = env.batch(case2, "decode", [1] * 3)
+    be.init_forward_metadata_out_graph(fb2)
+    assert be._plan is captured and be.stats["graph_plans"] == 2
+    o = run(be, env.attn_mqa(H, case2.sm_scale), fb2, case2.q, None, None, save_kv_cache=False)
+    ref_o, _ = oracle.absorbed(case2.q, case2.cache, [case2.slots(b) for b in range(3)],
+                               [1] * 3, case2.sm_scale, True)
+    assert oracle.rel_err(o.view(3, H, 512), ref_o) < 1e-2
 
 
-def test_bad_family_name():
-    with pytest.raises(ValueError, match="name = 'mla_fast'"):
-        Backend("mla_fast", num_heads=16, page_size=16, device="cpu", sm_scale=0.1)
+# ---- bad input: a clear error naming the field ----
+@pytest.mark.parametrize("field,value", [("kv_lora_rank", 256), ("qk_rope_head_dim", 32),
+                                         ("v_head_dim", 64)])
+def test_refuses_an_unsupported_model_shape(field, value):
+    case = _absorbed_case("decode", 1, 1)
+    with pytest.raises(ValueError, match=rf"model_config\.{field} = {value}"):
+        env.backend("mla_paged", case, heads=H, **{field: value})
 
 
-@pytest.fixture
-def stub_sglang(monkeypatch):
-    monkeypatch.syspath_prepend(STUB)
-    for m in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-        monkeypatch.delitem(sys.modules, m)
-    import sglang
-    return sglang
+def test_refuses_a_kv_cache_dtype_it_does_not_store():
+    case = _absorbed_case("decode", 1, 1)
+    with pytest.raises(ValueError, match=r"model_runner\.kv_cache_dtype = torch\.float16"):
+        env.backend("mla_paged", case, heads=H, kv_cache_dtype=torch.float16)
 
 
-def test_plugin_registers_three_backends(stub_sglang):
-    from mla.integrations import sglang as plugin
-    plugin.register()
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES
-    for name in ("mla_paged", "mla_chunked", "mla_ondemand"):
-        assert name in ATTENTION_BACKEND_CHOICES and name in ATTENTION_BACKENDS
-    runner = SimpleNamespace(model_config=SimpleNamespace(num_attention_heads=128, scaling=0.1),
-                             tp_size=8, page_size=64, device="cpu", kv_cache_dtype=torch.bfloat16,
-                             server_args=SimpleNamespace(max_running_requests=8))
-    be = ATTENTION_BACKENDS["mla_chunked"](runner)
-    assert be.name == "chunked_mla" and be.num_heads == 16 and be.page_size == 64
+@pytest.mark.parametrize("pool_dtype,rope_dim,match", [
+    (torch.float16, 64, r"get_key_buffer\(0\): dtype torch\.float16"),
+    (torch.bfloat16, 0, r"get_key_buffer\(0\): shape \(\d+, 1, 512\), expected \[slots, 1, 576\]")])
+def test_refuses_a_kv_pool_of_the_wrong_dtype_or_layout(pool_dtype, rope_dim, match):
+    case = _absorbed_case("decode", 1, 1)
+    be = env.backend("mla_paged", case, heads=H, pool_dtype=pool_dtype, rope_dim=rope_dim)
+    fb = env.batch(case, "decode", [1] * 3)
+    be.init_forward_metadata(fb)
+    with pytest.raises(ValueError, match=match):
+        run(be, env.attn_mqa(H, 0.1), fb, case.q, None, None, save_kv_cache=False)
 
 
-def test_plugin_refuses_sglang_without_the_registry(stub_sglang, monkeypatch):
-    from mla.integrations import sglang as plugin
-    import sglang.srt.server_args as server_args
-    monkeypatch.setattr(stub_sglang, "__version__", "0.4.9")
-    monkeypatch.delattr(server_args, "add_attention_backend_choices")
+@pytest.mark.parametrize("mode", ["DLLM_EXTEND", "SPLIT_PREFILL", "PREBUILT"])
+def test_refuses_a_batch_mode_it_does_not_serve(mode):
+    case = _absorbed_case("decode", 1, 1)
+    be = env.backend("mla_chunked", case, heads=H)
+    fb = env.batch(case, "decode", [1] * 3)
+    fb.forward_mode = getattr(ForwardMode, mode)
+    with pytest.raises(ValueError, match=r"forward_batch\.forward_mode = .*chunked_mla does "
+                                         r"not serve"):
+        be.init_forward_metadata(fb)
+
+
+def test_refuses_tree_verify_and_a_head_count_it_was_not_planned_for():
+    case = _absorbed_case("target_verify", 2, 1)
+    be = env.backend("mla_paged", case, heads=H)
+    spec = type("Spec", (), {"draft_token_num": 2, "topk": 4})()
+    with pytest.raises(ValueError, match=r"forward_batch\.spec_info\.topk = 4"):
+        be.init_forward_metadata(env.batch(case, "target_verify", [2] * 3, spec_info=spec))
+    fb = env.batch(case, "decode", [2] * 3)
+    fb.forward_mode = ForwardMode.DECODE
+    be.init_forward_metadata(env.batch(_absorbed_case("decode", 1, 1), "decode", [1] * 3))
+    with pytest.raises(ValueError, match=r"layer\.tp_q_head_num = 8"):
+        run(be, env.attn_mqa(8, 0.1), fb, case.q[:3, :8], None, None, save_kv_cache=False)
+
+
+def test_refuses_sglang_without_the_hooks_it_needs(monkeypatch):
+    def out_graph(self, batch):  # a changed signature
+        return None
+
+    monkeypatch.setattr(AttentionBackend, "init_forward_metadata_out_graph", out_graph)
     with pytest.raises(plugin.UnsupportedSGLangVersion,
-                       match=r"SGLang 0\.4\.9 is not supported: "
-                             r"sglang\.srt\.server_args\.add_attention_backend_choices is missing"):
-        plugin.register()
-
-
-def test_plugin_refuses_a_changed_replay_signature(stub_sglang, monkeypatch):
-    from mla.integrations import sglang as plugin
-    import sglang.srt.layers.attention.base_attn_backend as base
-
-    def replay(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info):
-        raise NotImplementedError()
-
-    monkeypatch.setattr(base.AttentionBackend, "init_forward_metadata_replay_cuda_graph", replay)
-    with pytest.raises(plugin.UnsupportedSGLangVersion, match=r"replay_cuda_graph takes"):
+                       match=r"AttentionBackend\.init_forward_metadata_out_graph takes \['batch'\]"):
         plugin.register()
