@@ -206,6 +206,37 @@ def test_prefill_rows_go_to_the_base_class(backend, monkeypatch):
     assert oracle.rel_err(o, ref_o) < 1e-2
 
 
+def test_mixed_batch_decode_through_mla_prefill_through_vllm(backend, monkeypatch):
+    """One batch, one decode row and one prefill without a cached prefix: the decode row runs
+    mla's forward_mqa, the prefill the base class's forward_mha (vLLM's own MHA prefill, here
+    its CPU SDPA backend), both from the metadata our builder built. kv_b_proj is a plain
+    matrix [H * 256, 512] (vLLM's ColumnParallelLinear needs a tensor-parallel group)."""
+    q_lens, kv_lens = [1, 12], [19, 12]
+    case = PagedCase(page_size=16, kv_lens=kv_lens, q_lens=q_lens, heads=HEADS,
+                     layout="shuffled", seed=13)
+    builder, cfg = _builder(backend, monkeypatch, 16)
+    g = torch.Generator().manual_seed(1)
+    w = (torch.randn(HEADS * 256, 512, generator=g) * 0.05).to(torch.bfloat16)
+    impl = _impl(backend, cfg, kv_b_proj=lambda x: (x @ w.t(), None))
+    md = builder.build(0, _common_metadata(case, q_lens))
+    assert (md.num_decodes, md.num_prefills) == (1, 1) and md.prefill.chunked_context is None
+    cache = case.cache.view(-1, 16, 576)
+    o_dec, _ = impl.forward_mqa(case.q[:1], cache, md, types.SimpleNamespace(_k_scale_float=1.0))
+    slots = oracle.slots_from_block_table(case.block_table, 0, kv_lens[0], 16)
+    ref_dec, _ = oracle.absorbed(case.q[:1], case.cache, [slots], [1], SCALE, True)
+    assert oracle.rel_err(o_dec, ref_dec) < 1e-2
+    # The prefill's latent rows (what vLLM writes into the cache for these tokens) and query.
+    rows = case.cache[oracle.slots_from_block_table(case.block_table, 1, 12, 16)]
+    kv_c, k_pe = rows[:, :512], rows[:, 512:].unsqueeze(1)
+    q = (torch.randn(12, HEADS, 192, generator=g) * 0.5).to(torch.bfloat16)
+    out = torch.empty(12, HEADS * 128, dtype=torch.bfloat16)
+    impl.forward_mha(q, kv_c, k_pe, cache, md, torch.ones(()), output=out)
+    up = (kv_c.double() @ w.double().t()).view(12, HEADS, 256)
+    k = torch.cat([up[..., :128], k_pe.double().expand(12, HEADS, 64)], dim=-1)
+    ref, _ = oracle.mha(q, k, up[..., 128:], [0, 12], [0, 12], SCALE, True)
+    assert oracle.rel_err(out.view(12, HEADS, 128), ref) < 2e-2
+
+
 def test_bad_input_names_the_field(backend, monkeypatch):
     case = PagedCase(page_size=16, kv_lens=[20, 33], q_lens=[1, 1], heads=HEADS,
                      layout="shuffled", seed=9)
