@@ -19,11 +19,14 @@ py="$venv/bin/python"
 pip=("$py" -m pip install --disable-pip-version-check --quiet)
 
 VLLM_VERSION=0.34.0
-# What vLLM 0.34.0's attention modules import (found by importing them in a bare venv).
-DEPS=(regex==2026.12.2 psutil==7.2.2 pyzmq==27.3.0 pydantic==2.14.4 transformers==5.22.2
-      aiohttp==3.14.5 requests==2.34.2 pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.3
-      cbor2==6.3.0 msgspec==0.23.0 cloudpickle==3.1.3 uvloop==0.23.0 py-cpuinfo==9.0.0
-      prometheus_client==0.26.0 apache-tvm-ffi==0.1.11 einops==0.8.2)
+# What vLLM 0.34.0's attention modules import (found by importing them in a bare venv). Where
+# scripts/setup-engines.sh (SGLang's test environment) pins the same package, this pins the same
+# version, so both fit one venv: transformers 5.19.0 is inside vLLM's range; tokenizers 0.23.2
+# is below its >=0.23.3, which these imports and tests do not notice.
+DEPS=(regex==2026.12.2 psutil==7.2.2 pyzmq==27.3.0 pydantic==2.14.4 transformers==5.19.0
+      tokenizers==0.23.2 aiohttp==3.14.5 requests==2.34.2 pillow==13.0.0 pybase64==1.5.1
+      cachetools==8.0.3 cbor2==6.3.0 msgspec==0.23.0 cloudpickle==3.1.3 uvloop==0.23.0
+      py-cpuinfo==9.0.0 prometheus_client==0.26.0 apache-tvm-ffi==0.1.11 einops==0.8.2)
 TORCH_DEPENDENT=(xgrammar==0.2.8 llguidance==1.7.6)  # installed with --no-deps
 CHECK="import vllm, vllm.plugins, vllm.v1.attention.backends.registry, \
 vllm.model_executor.layers.attention.mla_attention, vllm.v1.attention.backends.mla.flashmla; \

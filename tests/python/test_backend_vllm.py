@@ -170,6 +170,7 @@ def test_decode_matches_oracle(backend, monkeypatch, page_size, q_lens, cache_dt
     builder, cfg = _builder(backend, monkeypatch, page_size)
     fp8 = cache_dtype == torch.float8_e4m3fn
     impl = _impl(backend, cfg, "fp8" if fp8 else "auto")
+    assert impl.supports_quant_query_input is False  # q stays bf16 with an fp8 cache
     md = builder.build(0, _common_metadata(case, q_lens))
     assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (len(q_lens), 0,
                                                                        sum(q_lens))

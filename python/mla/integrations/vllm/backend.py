@@ -175,6 +175,9 @@ class MlaPagedImpl(MLACommonImpl[MlaPagedMetadata]):
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
                          sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
                          kv_sharing_target_layer_name, **mla_args)
+        # mla reads an fp8 cache with a bf16 query: the layer must not quantize q to fp8
+        # (MLACommonImpl turns that on; the layer then hands forward_mqa an fp8 tensor).
+        self.supports_quant_query_input = False
         for name, value in (("alibi_slopes", alibi_slopes), ("sliding_window", sliding_window),
                             ("logits_soft_cap", logits_soft_cap)):
             if value:
