@@ -11,8 +11,6 @@ DeepSeek-V3 shape per rank: 128 heads, page size 64, batch 256, q_len 1, kv_len 
 [1, 4096). Needs sglang 0.5.23 importable (scripts/setup-engines.sh). Prints JSON lines.
 Usage: python plan_sglang.py [--device cpu|cuda] [--commit X]
 """
-import datetime
-import json
 import sys
 from types import SimpleNamespace
 
@@ -20,7 +18,8 @@ import torch
 
 from mla import ops
 from mla.integrations import sglang as plugin
-from plan_bench import median_us, parse_args  # the same loop and arguments (this folder is on sys.path)
+import benchlib  # noqa: E402  (this folder is on sys.path when the script runs)
+from plan_bench import ITERS, WARMUP, parse_args  # the same loop and arguments
 
 
 def main():
@@ -62,18 +61,16 @@ def main():
              ("AbsorbedPlan.plan", lambda: plan.plan(rows, q_lens, kv_lens)),
              ("sglang_adapter.init_forward_metadata_out_graph",
               lambda: be.init_forward_metadata_out_graph(fb)))
-    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows_out = []
     for name, fn in calls:
-        med, mn = median_us(fn)
+        med, mn = benchlib.time_us(fn, ITERS, warmup=WARMUP)  # host time, not the GPU's
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        print(json.dumps({"op": "python_plan", "what": name, "b": bs, "h_q": H, "page_size": P,
-                          "s_q": 1, "device": str(dev), "gpu": gpu, "us": round(med, 2),
-                          "us_min": round(mn, 2), "iters": 2000, "date": date,
-                          "commit": args.commit, "torch": torch.__version__,
-                          "python": ".".join(map(str, sys.version_info[:3]))}, sort_keys=True))
-
+        row = {"op": "python_plan", "what": name, "b": bs, "h_q": H, "page_size": P, "s_q": 1,
+               "device": str(dev), "us": med, "us_min": mn, "iters": ITERS}
+        row.update(benchlib.run_fields(dev, args.commit))
+        rows_out.append(row)
+    benchlib.write_rows(rows_out)
 
 if __name__ == "__main__":
     main()
