@@ -59,6 +59,21 @@ def test_plugin_loader_registers_the_name(backend):
     assert AttentionBackendEnum["MLA_PAGED"].get_path() == mla_vllm.BACKEND_CLASS
 
 
+def test_command_line_selects_mla(backend):
+    """`--attention-backend MLA_PAGED` through vLLM's own parser and EngineArgs, to the config
+    vLLM builds (create_engine_config needs a model, so the last step is AttentionConfig's own
+    parsing of what EngineArgs passes it)."""
+    from vllm.config.attention import AttentionConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(["--attention-backend", "MLA_PAGED"]))
+    assert (AttentionConfig(backend=args.attention_backend).backend
+            is AttentionBackendEnum.MLA_PAGED)
+    with pytest.raises(Exception, match="MLA_NOPE"):
+        AttentionConfig(backend="MLA_NOPE")
+
+
 def test_import_mla_does_not_import_vllm():
     import subprocess
     import sys

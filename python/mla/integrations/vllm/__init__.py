@@ -7,6 +7,10 @@ mla's entry point (pyproject.toml) is `register` below. It calls vLLM's own
 member to AttentionBackendEnum, so `--attention-backend MLA_PAGED` (any case) selects mla and
 vLLM's platform checks (`validate_configuration`) run on it as on its own backends.
 
+Use: `pip install mla` beside vllm, then `vllm serve <model> --attention-backend MLA_PAGED`
+(Python: `LLM(model, attention_backend="MLA_PAGED")`). vLLM loads every installed
+general plugin unless VLLM_PLUGINS is set; if it is, it must name `mla` (VLLM_PLUGINS=mla,...).
+
 This module imports no vLLM at import time (and `import mla` never imports this module): the
 backend classes live in `mla.integrations.vllm.backend`, which subclasses vLLM's MLA base classes
 and is imported by vLLM only when the backend is selected.
