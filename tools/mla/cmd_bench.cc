@@ -156,6 +156,7 @@ std::vector<DecodeConfig> decode_grid(bool quick, const std::vector<int>& pages)
       g.push_back({128, 1, 16, 8192, page, false});
     }
     g.push_back({128, 1, 32, 8192, 64, false});
+    g.push_back({128, 1, 8, 8192, 64, false});  // 8 heads per GPU: DeepSeek-V3 at TP16
     g.push_back({128, 2, 64, 4096, 64, false});
     g.push_back({128, 1, 128, 8192, 64, true});
     return g;
@@ -169,6 +170,8 @@ std::vector<DecodeConfig> decode_grid(bool quick, const std::vector<int>& pages)
   g.push_back({64, 1, 128, 4096, 64, false});
   g.push_back({32, 1, 128, 32768, 64, false});
   g.push_back({256, 1, 128, 2048, 64, false});
+  // 8 heads per GPU (DeepSeek-V3 at TP16, Kimi-K2 at TP8): per token no dearer than 16 heads.
+  for (int s_k : {4096, 8192, 16384}) g.push_back({128, 1, 8, s_k, 64, false});
   for (int s_k : {4096, 8192, 16384})
     for (int h_q : {16, 32, 64, 128}) g.push_back({128, 1, h_q, s_k, 64, true});
   return g;
