@@ -29,6 +29,7 @@ import inspect
 import torch
 
 from ..backend import Backend
+from . import first_missing
 
 BACKENDS = {"mla_paged": "paged_mla", "mla_chunked": "chunked_mla", "mla_ondemand": "ondemand_mla"}
 # DeepSeek-V2/V3 MLA shapes mla serves (ModelConfig field -> value).
@@ -59,8 +60,6 @@ def _version() -> str:
 def check_interface() -> None:
     """Raises UnsupportedSGLangVersion naming the first piece of SGLang 0.5.23's interface that
     the installed SGLang lacks."""
-    import importlib
-
     def refuse(what: str):
         raise UnsupportedSGLangVersion(
             f"mla.integrations.sglang: SGLang {_version()} is not supported: {what} (the adapter "
@@ -74,13 +73,9 @@ def check_interface() -> None:
               ("sglang.srt.models.deepseek_common.utils", "FORWARD_ABSORB_CORE_ATTENTION_BACKENDS"),
               ("sglang.srt.models.deepseek_common.attention_backend_handler",
                "AttentionBackendRegistry"))
-    for module, name in needed:
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            found = None
-        if found is None:
-            refuse(f"{module}.{name} is missing")
+    missing = first_missing(needed)
+    if missing is not None:
+        refuse(f"{missing} is missing")
     hooks = {"init_forward_metadata_out_graph": ["forward_batch", "in_capture"],
              "init_forward_metadata_in_graph": ["forward_batch"],
              "forward": ["q", "k", "v", "layer", "forward_batch", "save_kv_cache"],

@@ -17,8 +17,9 @@ and is imported by vLLM only when the backend is selected.
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
+
+from .. import first_missing
 
 BACKEND_NAME = "MLA_PAGED"
 BACKEND_CLASS = "mla.integrations.vllm.backend.MlaPagedBackend"
@@ -49,13 +50,9 @@ def check_interface() -> None:
             "vLLM 0.34's attention-backend registry and the MLA base classes in "
             f"{_BASE_MODULE}; install vllm 0.34 or use another attention backend)")
 
-    for module, name in _REQUIRED:
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            found = None
-        if found is None:
-            refuse(f"{module}.{name} is missing")
+    missing = first_missing(_REQUIRED)
+    if missing is not None:
+        refuse(f"{missing} is missing")
     if importlib.util.find_spec(_BASE_MODULE) is None:
         refuse(f"module {_BASE_MODULE} is missing")
 
