@@ -64,7 +64,8 @@ struct AttnCapacity {
 // o = softmax @ c_kv -> [T, H, 512], lse natural log, [T, H]. Causal is bottom-right aligned:
 // query j of a request with q_len q and kv_len k sees keys 0 .. k - q + j (FlashMLA's
 // tril(diagonal = k - q)), so with k < q the first q - k queries see none. A row that sees no
-// key (kv_len 0, or such a query) -> o = 0, lse = -inf. Head counts: cpu any >= 1; cuda 1..128. Tokens of request b are rows qo_indptr[b] .. qo_indptr[b+1] of q.
+// key (kv_len 0, or such a query) -> o = 0, lse = -inf. Head counts: cpu any >= 1; cuda 1..128.
+// Tokens of request b are rows qo_indptr[b] .. qo_indptr[b+1] of q.
 struct AbsorbedProblem {
   int num_heads = 0;
   int page_size = 1;

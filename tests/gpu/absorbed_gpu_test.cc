@@ -331,8 +331,8 @@ TEST_F(AbsorbedDevice, AnyHeadCountAndShortCausalRequestsMatchReference) {
   int i = 0;
   for (const Case& c : cases) {
     for (DType dt : {DType::kBF16, DType::kFP8E4M3}) {
-      SCOPED_TRACE(fmt::format("case {}: heads {}, page {}, {}", i, c.heads, c.page,
-                               dtype_name(dt)));
+      SCOPED_TRACE(
+          fmt::format("case {}: heads {}, page {}, {}", i, c.heads, c.page, dtype_name(dt)));
       run_against_reference(op_, mix_seed(base_seed(), 7000 + 2 * i + (dt == DType::kFP8E4M3)),
                             c.heads, c.page, c.b, true, dt, dt == DType::kFP8E4M3 ? 0.75f : 1.0f);
     }

@@ -1,5 +1,5 @@
-#include "kernels/cuda/sm90/wgmma.cuh"
 #include "gpu/wgmma_probe.h"
+#include "kernels/cuda/sm90/wgmma.cuh"
 
 namespace mla::cuda::sm90 {
 namespace {

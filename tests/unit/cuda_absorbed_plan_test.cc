@@ -414,8 +414,8 @@ TEST(AbsorbedPlan, AnyHeadCountAndShortCausalRequestsAreCoveredOnce) {
         << "iter " << iter << ": heads " << heads << " ctas " << ctas << " bs " << bs;
     if (!cap.batch_invariant) {
       const PlanContent c = content_of(plan, *used);
-      EXPECT_TRUE(within_balance_bound(max_cta_cost(c),
-                                       ideal_share(p, c.header.rows_per_tile, ctas)))
+      EXPECT_TRUE(
+          within_balance_bound(max_cta_cost(c), ideal_share(p, c.header.rows_per_tile, ctas)))
           << "iter " << iter << ": heads " << heads << " ctas " << ctas << " bs " << bs;
     }
     ++planned;

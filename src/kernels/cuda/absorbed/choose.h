@@ -14,9 +14,7 @@ namespace mla::cuda::absorbed {
 // a head count that fills no tile (8 heads at q_len 1: 8 of a 16-row tile) runs the kernel's
 // rows past num_rows as zeros, masked on load and store; no copy of q.
 inline constexpr int kMaxHeads = 128;
-inline bool supported_head_count(int num_heads) {
-  return num_heads >= 1 && num_heads <= kMaxHeads;
-}
+inline bool supported_head_count(int num_heads) { return num_heads >= 1 && num_heads <= kMaxHeads; }
 
 struct KernelChoice {
   AbsorbedKernel kernel = AbsorbedKernel::kSm90;

@@ -602,8 +602,9 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
                 q_tokens, cap.max_q_tokens);
 
   const int heads = p.num_heads;
-  const int heads_log2 =
-      std::has_single_bit(static_cast<unsigned>(heads)) ? std::countr_zero(static_cast<unsigned>(heads)) : -1;
+  const int heads_log2 = std::has_single_bit(static_cast<unsigned>(heads))
+                             ? std::countr_zero(static_cast<unsigned>(heads))
+                             : -1;
   // The chooser's tile rows and key load path (the same for both cache dtypes).
   MLA_ASSIGN_OR_RETURN(const KernelChoice choice, choose_kernel(heads, std::max<int32_t>(max_q, 1),
                                                                 p.page_size, DType::kBF16));
@@ -643,8 +644,9 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     for (int b = 0; b < bs; ++b) {
       const uint64_t ql = static_cast<uint32_t>(q_lens[b]), kl = static_cast<uint32_t>(kv_lens[b]);
       if (ql == 0) continue;
-      const uint64_t keys = causal && kl > 0 ? key_tile_sum(kl) - key_tile_sum(kl > ql ? kl - ql : 0)
-                                             : ql * ((kl + kBlockN - 1) / kBlockN);
+      const uint64_t keys = causal && kl > 0
+                                ? key_tile_sum(kl) - key_tile_sum(kl > ql ? kl - ql : 0)
+                                : ql * ((kl + kBlockN - 1) / kBlockN);
       sum += keys + ql * kUnitCost;
     }
     total_cost = static_cast<int64_t>(sum) * (heads / rows_tile);
