@@ -2,18 +2,18 @@
 // (src/kernels/cuda/absorbed/plan.cc) on problems, capacities and grids from the bytes.
 // Invariants: no crash or sanitizer report; a rejection is kInvalidArgument / kOutOfWorkspace
 // naming the field and leaves the caller's plan bytes untouched; an accepted plan covers every
-// (query row, key) the causal mask allows exactly once, splits are merged by exactly one
-// combine, partial slots stay within their bound.
+// (query row, key) the bottom-right causal mask allows exactly once (kv_len < q_len included),
+// splits are merged by exactly one combine, partial slots stay within their bound.
 #include "fuzz/fuzz_target.h"
 #include "fuzz/plan_checks.h"
 
 MLA_FUZZ_TARGET(absorbed_plan) {
   using namespace mla;
   fuzz::ByteReader in(data, size);
-  constexpr int kHeads[] = {16, 32, 64, 128};
+  constexpr int kHeads[] = {16, 32, 64, 128, 1, 8, 63, 127};  // any of 1..128 is valid
   constexpr int kPages[] = {1, 16, 32, 64, 128};
   AbsorbedProblem p;
-  p.num_heads = in.u8() % 32 == 0 ? in.mostly(-1, 256, 2) : kHeads[in.u8() % 4];
+  p.num_heads = in.u8() % 32 == 0 ? in.mostly(-1, 256, 2) : kHeads[in.u8() % 8];
   p.page_size = in.u8() % 32 == 0 ? in.mostly(-1, 256, 2) : kPages[in.u8() % 5];
   p.causal = in.u8() % 4 != 0;
   const int bs = static_cast<int>(in.range(0, 24));
@@ -24,7 +24,9 @@ MLA_FUZZ_TARGET(absorbed_plan) {
     rows.push_back(in.mostly(0, 64, 64));
     const int32_t ql = in.mostly(0, in.boolean() ? 1 : 9, 64);
     int32_t kl = in.mostly(0, 3000, 64);
-    if (p.causal && kl > 0 && kl < ql && in.u8() % 8 != 0) {  // mostly valid
+    // Causal with fewer keys than queries is valid (FlashMLA's bottom-right mask: the first
+    // queries see no key); still, most such requests get more keys, the common shape.
+    if (p.causal && kl > 0 && kl < ql && in.u8() % 8 != 0) {
       kl = static_cast<int32_t>(std::min<int64_t>(int64_t{ql} + kl, INT32_MAX));
     }
     q.push_back(ql);
@@ -72,8 +74,6 @@ MLA_FUZZ_TARGET(absorbed_plan) {
   for (int b = 0; b < bs; ++b) {
     FUZZ_CHECK(q[b] >= 0 && kv[b] >= 0 && rows[b] >= 0, "request {}: q {} kv {} row {}", b, q[b],
                kv[b], rows[b]);
-    FUZZ_CHECK(!p.causal || kv[b] == 0 || kv[b] >= q[b], "request {}: kv {} < q {}", b, kv[b],
-               q[b]);
   }
   return fuzz::check_absorbed_plan(p, ctas, plan, *used, &cap);
 }
