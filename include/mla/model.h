@@ -22,6 +22,7 @@ inline constexpr int kQkNopeDim = 128;                       // q_nope / k_nope 
 inline constexpr int kVHeadDim = 128;                        // v / o width per head
 inline constexpr int kLatentDim = kKvLoraRank + kQkRopeDim;  // 576: one cached latent row
 inline constexpr int kQkHeadDim = kQkNopeDim + kQkRopeDim;   // 192: MHA q / k per head
+inline constexpr int kMaxHeads = 128;  // query heads per rank: any of 1..128 (DeepSeek-V3: 128)
 inline constexpr int kKvBProjRowsPerHead = kQkNopeDim + kVHeadDim;  // 256: W_UK[h] and W_UV[h]
 
 struct ModelDims {
@@ -40,11 +41,11 @@ struct ModelDims {
 };
 
 // Presets: "deepseek-v3" (128 heads), "deepseek-v3-tp2" (64), "deepseek-v3-tp4" (32),
-// "deepseek-v3-tp8" (16), "deepseek-v2-lite" (16 heads, 27 layers).
+// "deepseek-v3-tp8" (16), "deepseek-v3-tp16" (8), "deepseek-v2-lite" (16 heads, 27 layers).
 StatusOr<ModelDims> model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 
 // Head counts per rank the ops support.
-bool is_supported_head_count(int num_heads);  // 16, 32, 64, 128
+bool is_supported_head_count(int num_heads);  // 1 .. kMaxHeads
 
 }  // namespace mla

@@ -218,6 +218,33 @@ void add_absorbed(Builder& b, ConformanceScope scope) {
     c.kv_lens = {1};
     b.add(c, absorbed_stem(c, "kv1_batch1"));
   }
+  // Any head count 1..128 (8: DeepSeek-V3 at TP16): tiles only partly filled by heads x q_len,
+  // the second head group of 65..127 heads shorter than 64 rows; both load paths, both caches.
+  for (int h : {1, 8, 63, 127}) {
+    for (DType dt : {DType::kBF16, DType::kFP8E4M3}) {
+      ConformanceCase c = attn(OpKind::kAbsorbed, "decode", h, h % 2 == 0 ? 64 : 16, dt);
+      c.q_lens.assign(5, 1);
+      b.add(c, absorbed_stem(c, "any_heads"), [](ConformanceCase& c, Rng& r) {
+        for (std::size_t i = 0; i < c.q_lens.size(); ++i) {
+          c.kv_lens.push_back(static_cast<int32_t>(r.uniform_int(1, 200)));
+        }
+      });
+    }
+  }
+  {
+    ConformanceCase c = attn(OpKind::kAbsorbed, "verify", 8, 64);
+    c.q_lens = {3, 3, 3};
+    c.kv_lens = {3, 65, 130};
+    b.add(c, absorbed_stem(c, "any_heads"));
+  }
+  // Causal with fewer keys than queries (FlashMLA's bottom-right mask): the first queries of a
+  // request see no key (o 0, lse -inf), a request without keys none at all.
+  {
+    ConformanceCase c = attn(OpKind::kAbsorbed, "verify", 9, 16);
+    c.q_lens = {4, 3, 2, 5};
+    c.kv_lens = {1, 0, 2, 17};
+    b.add(c, absorbed_stem(c, "short_causal"));
+  }
   if (scope != ConformanceScope::kSlow) return;
   {
     ConformanceCase c = attn(OpKind::kAbsorbed, "decode", 128, 64);

@@ -4,7 +4,7 @@ namespace mla {
 
 Status ModelDims::validate() const {
   MLA_CHECK_ARG(is_supported_head_count(num_heads),
-                "model.num_heads = {} is not supported (16, 32, 64 or 128)", num_heads);
+                "model.num_heads = {} is not supported (1 to {})", num_heads, kMaxHeads);
   MLA_CHECK_ARG(kv_lora_rank == kKvLoraRank, "model.kv_lora_rank = {} (only {} is supported)",
                 kv_lora_rank, kKvLoraRank);
   MLA_CHECK_ARG(qk_rope_dim == kQkRopeDim, "model.qk_rope_dim = {} (only {} is supported)",
@@ -18,11 +18,11 @@ Status ModelDims::validate() const {
   return Status::Ok();
 }
 
-bool is_supported_head_count(int h) { return h == 16 || h == 32 || h == 64 || h == 128; }
+bool is_supported_head_count(int h) { return h >= 1 && h <= kMaxHeads; }
 
 std::vector<std::string> model_preset_names() {
-  return {"deepseek-v3", "deepseek-v3-tp2", "deepseek-v3-tp4", "deepseek-v3-tp8",
-          "deepseek-v2-lite"};
+  return {"deepseek-v3",     "deepseek-v3-tp2",  "deepseek-v3-tp4",
+          "deepseek-v3-tp8", "deepseek-v3-tp16", "deepseek-v2-lite"};
 }
 
 StatusOr<ModelDims> model_preset(std::string_view name) {
@@ -39,6 +39,10 @@ StatusOr<ModelDims> model_preset(std::string_view name) {
   }
   if (name == "deepseek-v3-tp8") {
     m.num_heads = 16;
+    return m;
+  }
+  if (name == "deepseek-v3-tp16") {
+    m.num_heads = 8;
     return m;
   }
   if (name == "deepseek-v2-lite") {

@@ -65,7 +65,8 @@ class BackendNumerics : public ::testing::Test {
     ASSERT_NE(b, nullptr);
     for (const auto& spec : every_mode_specs()) {
       ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
-      testing::LayerInputs in = testing::random_layer_inputs(batch.num_tokens(), 16, rng_);
+      testing::LayerInputs in =
+          testing::random_layer_inputs(batch.num_tokens(), o.model.num_heads, rng_);
       check(*b, batch, in,
             fmt::format("{}{} {} method {}", tag, name, forward_mode_name(spec.mode),
                         forward_method_name(b->choose_forward_method(batch))));
@@ -85,6 +86,23 @@ TEST_F(BackendNumerics, EveryBackendAndModeMatchesTheReference) {
     o.chunked_prefix_capacity = 48;  // several prefix chunks
     o.mha_prefix_threshold = 32;
     check_every_mode(name, o, "");
+  }
+}
+
+// Head counts that are no power of two and below 16 (8: DeepSeek-V3 at TP16), every family and
+// mode, chunked prefix included.
+TEST_F(BackendNumerics, EveryBackendAndModeMatchesTheReferenceAtAnyHeadCount) {
+  for (int heads : {1, 8, 63}) {
+    options_ = testing::small_options(heads);
+    auto layer = MlaLayer::create_random(options_.model, 0, Device::cpu(), 11);
+    ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+    layer_ = std::move(layer).value();
+    for (std::string_view name : {"paged_mla", "chunked_mla", "ondemand_mla"}) {
+      BackendOptions o = options_;
+      o.chunked_prefix_capacity = 48;
+      o.mha_prefix_threshold = 32;
+      check_every_mode(name, o, fmt::format("heads {} ", heads));
+    }
   }
 }
 

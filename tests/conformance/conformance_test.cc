@@ -61,7 +61,7 @@ TEST(ConformanceCases, FullScopeCoversPageSizesHeadsAndEdges) {
     bf16_scaled |= c.cache_dtype == DType::kBF16 && c.k_scale != 1.0f;
   }
   EXPECT_EQ(pages, (std::set<int>{1, 16, 32, 64, 128}));
-  EXPECT_EQ(heads, (std::set<int>{16, 32, 64, 128}));
+  EXPECT_EQ(heads, (std::set<int>{1, 8, 9, 16, 32, 63, 64, 127, 128}));
   EXPECT_TRUE(kv0 && q0 && batch64 && verify && fp8 && bf16_scaled);
 }
 

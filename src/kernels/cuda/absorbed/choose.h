@@ -5,15 +5,17 @@
 #pragma once
 
 #include "kernels/cuda/absorbed/params.h"
+#include "mla/model.h"
 #include "mla/status.h"
 #include "mla/types.h"
 
 namespace mla::cuda::absorbed {
 
-// Head counts of the absorbed op: any 1..kMaxHeads. Rows of a tile are flat (token x head), so
+// Head counts of the absorbed op: any 1..kMaxHeads (the model's bound: two head groups of 64 rows
+// at most). Rows of a tile are flat (token x head), so
 // a head count that fills no tile (8 heads at q_len 1: 8 of a 16-row tile) runs the kernel's
 // rows past num_rows as zeros, masked on load and store; no copy of q.
-inline constexpr int kMaxHeads = 128;
+inline constexpr int kMaxHeads = ::mla::kMaxHeads;
 inline bool supported_head_count(int num_heads) { return num_heads >= 1 && num_heads <= kMaxHeads; }
 
 struct KernelChoice {
