@@ -180,6 +180,14 @@ struct BackendContext {
   BackendOptions options;
 };
 
+// The forward method the registered family `name` (paged_mla, chunked_mla, ondemand_mla) gives
+// `batch` under `options`: the rule its backend's choose_forward_method applies, for adapters
+// that plan over an engine's own pools instead of a C++ backend (mla.Backend in Python). Reads
+// the batch's mode, extend_prefix_lens and seq_lens_sum only. kInvalidArgument naming the
+// family when it is none of the three.
+StatusOr<ForwardMethod> family_forward_method(std::string_view name, const BackendOptions& options,
+                                              const ForwardBatch& batch);
+
 using BackendFactory =
     std::function<StatusOr<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
 

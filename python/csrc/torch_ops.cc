@@ -11,9 +11,11 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "mla/backend.h"
 #include "mla/memory.h"
 #include "mla/ops.h"
 #include "mla/upload_staging.h"
@@ -341,12 +343,46 @@ void up_project(const at::Tensor& kv_cache, const at::Tensor& slots, const at::T
   throw_if_error(set.up_project->run(a, exec_context(dev)), op);
 }
 
+// ---- the forward-method rule (SYSTEM.md 6) of a family, for mla.Backend ----
+// The C++ backends' own chooser (family_forward_method) over the lengths the engine keeps on
+// the host: one rule for the C++ backends and the Python adapters. Returns the method's name:
+// absorbed, mha_one_shot or mha_chunked.
+std::string forward_method(const std::string& family, const std::string& mode,
+                           const at::Tensor& prefix_lens, int64_t seq_lens_sum,
+                           int64_t mha_prefix_threshold, int64_t chunked_prefix_capacity,
+                           bool disable_chunked_prefix_cache, bool piecewise_cuda_graph,
+                           bool batch_invariant) {
+  constexpr std::string_view op = "forward_method";
+  ForwardBatch batch;
+  TORCH_CHECK_VALUE(parse_forward_mode(mode, &batch.mode), "mla.forward_method: mode = '", mode,
+                    "' is not one of decode, extend, mixed, target_verify, draft_extend, idle");
+  check_host_i32(prefix_lens, "prefix_lens", op);
+  const auto* p = prefix_lens.data_ptr<int32_t>();
+  batch.extend_prefix_lens.assign(p, p + prefix_lens.numel());
+  batch.batch_size = static_cast<int>(batch.extend_prefix_lens.size());
+  batch.seq_lens_sum = seq_lens_sum;
+  BackendOptions o;
+  o.mha_prefix_threshold = mha_prefix_threshold;
+  o.chunked_prefix_capacity = chunked_prefix_capacity;
+  o.disable_chunked_prefix_cache = disable_chunked_prefix_cache;
+  o.piecewise_cuda_graph = piecewise_cuda_graph;
+  o.batch_invariant = batch_invariant;
+  StatusOr<ForwardMethod> m = family_forward_method(family, o, batch);
+  throw_if_error(m.status(), op);
+  return std::string(forward_method_name(*m));
+}
+
 }  // namespace
 }  // namespace mla::torch_ops
 
 using namespace mla::torch_ops;  // NOLINT: the registration below names the functions above
 
 TORCH_LIBRARY(mla, m) {
+  m.def(
+      "forward_method(str family, str mode, Tensor prefix_lens, int seq_lens_sum, "
+      "int mha_prefix_threshold, int chunked_prefix_capacity, bool disable_chunked_prefix_cache, "
+      "bool piecewise_cuda_graph, bool batch_invariant) -> str",
+      &forward_method);
   m.def("staging_new(Device device) -> int", &staging_new);
   m.def("staging_free(int staging) -> ()", &staging_free);
   m.def("staging_bytes(int staging) -> int[]", &staging_bytes);

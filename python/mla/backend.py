@@ -118,6 +118,7 @@ class Backend:
         self._tokens = 0
         self._mode = "decode"
         self._ones_views: Dict[int, torch.Tensor] = {}
+        self._no_prefix = torch.zeros(0, dtype=torch.int32)  # modes without extend prefixes
         self.stats = {"init_forward_metadata_calls": 0, "absorbed_plans": 0, "mha_plans": 0,
                       "mha_chunk_plans": 0, "graph_plans": 0}
         if name != "ondemand_mla":
@@ -169,26 +170,27 @@ class Backend:
                              f"request ({bs})")
         return seq, ext, seq, prefix
 
-    def _choose(self, mode: str, prefix: torch.Tensor) -> str:
-        """The forward method (SYSTEM.md 6; src/planning/forward_method.cc, the C++ rule):
-        decode, verify, draft-extend and idle are absorbed. Plain extends (extend, mixed):
-          paged_mla (prefix threshold): MHA when no request has a prefix, chunked-prefix MHA when
-            sum(prefix) >= mha_prefix_threshold and the chunked prefix cache is on, else absorbed;
-          chunked_mla, ondemand_mla (chunked unless fallback): chunked-prefix MHA (plain MHA when
-            no request has a prefix), absorbed when the fallback rule holds
-            (disable_chunked_prefix_cache and a prefix).
-        Not here (C++ only): the one-shot MHA form, piecewise-graph and batch_invariant modes."""
-        if mode not in ("extend", "mixed"):
+    def _choose(self, mode: str, prefix: Optional[torch.Tensor], seq: torch.Tensor) -> str:
+        """The forward method, by the C++ backends' own rule (SYSTEM.md 6;
+        torch.ops.mla.forward_method calls family_forward_method, which each C++ backend's
+        choose_forward_method applies) with this backend's options: decode, verify,
+        draft-extend and idle absorbed; plain extends (extend, mixed) by the family's rule
+        (paged_mla: prefix threshold; chunked_mla, ondemand_mla: chunked unless fallback).
+        The adapters have no one-shot MHA form (the engine gathers prefix chunks itself), so
+        chunked_prefix_capacity is 0 and an MHA extend is "mha" (causal over the new tokens)
+        without a prefix, "mha_chunked" with one. Decode, the per-step hot path, is absorbed
+        without the call (the rule's first line; test_backend_neutral checks it agrees)."""
+        if mode == "decode":
             return "absorbed"
+        if prefix is None:
+            prefix = self._no_prefix
+        method = _ops.ops.forward_method(
+            self.name, mode, prefix, int(seq.sum()), self.mha_prefix_threshold, 0,
+            self.disable_chunked_prefix_cache, False, False)
+        if method == "absorbed":
+            return method
         has_prefix = bool((prefix > 0).any()) if prefix.numel() else False
-        if not has_prefix:
-            return "mha"
-        if self.name == "paged_mla":
-            if (int(prefix.sum()) >= self.mha_prefix_threshold
-                    and not self.disable_chunked_prefix_cache):
-                return "mha_chunked"
-            return "absorbed"
-        return "absorbed" if self.disable_chunked_prefix_cache else "mha_chunked"
+        return "mha_chunked" if has_prefix else "mha"
 
     # ---- SGLang AttentionBackend interface ----
     def init_forward_metadata(self, forward_batch) -> None:
@@ -202,7 +204,7 @@ class Backend:
         seq, q_lens, kv_lens, prefix = self._lengths(forward_batch, mode)
         decode = mode in ("decode", "idle")
         self._tokens = q_lens.numel() if decode else int(q_lens.sum())
-        self.forward_method = self._choose(mode, prefix)
+        self.forward_method = self._choose(mode, prefix, seq)
         if self._chunk_plans:
             self._chunk_plans = []
         if mode == "idle" or self._tokens == 0:

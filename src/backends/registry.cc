@@ -80,6 +80,23 @@ StatusOr<std::unique_ptr<AttentionBackend>> BackendRegistry::create(
   return invalid_argument("backend '{}' is not registered (known: {})", name, known);
 }
 
+StatusOr<ForwardMethod> family_forward_method(std::string_view name, const BackendOptions& options,
+                                              const ForwardBatch& batch) {
+  planning::ExtendRule rule;
+  if (name == "paged_mla") {
+    rule = backends::PagedMlaBackend::kExtendRule;
+  } else if (name == "chunked_mla") {
+    rule = backends::ChunkedMlaBackend::kExtendRule;
+  } else if (name == "ondemand_mla") {
+    rule = backends::OndemandMlaBackend::kExtendRule;
+  } else {
+    return invalid_argument(
+        "backend '{}' has no forward-method rule (known: paged_mla, chunked_mla, ondemand_mla)",
+        name);
+  }
+  return planning::choose_forward_method(rule, backends::method_options(options), batch);
+}
+
 Status plan_batch(AttentionBackend& backend, const ForwardBatch& batch) {
   MLA_RETURN_IF_ERROR(backend.init_forward_metadata(batch));
   if (backend.forward_method() == ForwardMethod::kMhaChunked) {

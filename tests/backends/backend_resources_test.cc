@@ -45,6 +45,76 @@ TEST_F(BackendResources, RegistryListsTheThreeFamilies) {
   EXPECT_NE(bad.status().message().find("paged_mla"), std::string::npos);
 }
 
+// Any head count 1..128 per rank is a valid model (8 heads: DeepSeek-V3 at TP16, Kimi-K2 at TP8);
+// outside it every family refuses at construction, naming the field and the value.
+TEST_F(BackendResources, HeadCountsOutsideOneTo128AreRefusedNamingTheField) {
+  for (const std::string name : {"paged_mla", "chunked_mla", "ondemand_mla"}) {
+    for (int heads : {1, 8, 63, 127}) {
+      ctx_.options = testing::small_options(heads);
+      auto b = BackendRegistry::global().create(name, ctx_);
+      EXPECT_TRUE(b.ok()) << name << " heads " << heads << ": " << b.status().to_string();
+      WorkspaceRegistry::global().release_all_for_testing();
+    }
+    for (int heads : {0, -1, 129, 256}) {
+      ctx_.options = testing::small_options(heads);
+      auto b = BackendRegistry::global().create(name, ctx_);
+      ASSERT_FALSE(b.ok()) << name << " heads " << heads;
+      EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(b.status().message().find(fmt::format("model.num_heads = {}", heads)),
+                std::string::npos)
+          << b.status().message();
+    }
+  }
+  EXPECT_EQ(model_preset("deepseek-v3-tp16")->num_heads, 8);
+}
+
+// family_forward_method (what mla's Python backend asks) is each family's own chooser: the same
+// method for every mode, prefix shape and option that the rules read.
+TEST_F(BackendResources, FamilyForwardMethodIsEachBackendsOwnChooser) {
+  auto batch = [](ForwardMode mode, std::vector<int32_t> prefix, int64_t seq_sum) {
+    ForwardBatch b;
+    b.mode = mode;
+    b.batch_size = static_cast<int>(prefix.size());
+    b.extend_prefix_lens = std::move(prefix);
+    b.seq_lens_sum = seq_sum;
+    return b;
+  };
+  const std::vector<ForwardBatch> batches = {
+      batch(ForwardMode::kDecode, {}, 40),         batch(ForwardMode::kTargetVerify, {}, 90),
+      batch(ForwardMode::kDraftExtend, {5}, 9),    batch(ForwardMode::kIdle, {}, 0),
+      batch(ForwardMode::kExtend, {0, 0}, 30),     batch(ForwardMode::kExtend, {4, 0}, 30),
+      batch(ForwardMode::kExtend, {40, 9}, 60),    batch(ForwardMode::kMixed, {50, 0}, 300),
+      batch(ForwardMode::kExtend, {0}, 100000000),
+  };
+  int checked = 0;
+  for (const std::string name : {"paged_mla", "chunked_mla", "ondemand_mla"}) {
+    for (int variant = 0; variant < 5; ++variant) {
+      BackendOptions o = testing::small_options();
+      o.mha_prefix_threshold = variant == 1 ? 0 : 32;
+      o.chunked_prefix_capacity = variant == 2 ? 48 : 4096;
+      o.disable_chunked_prefix_cache = variant == 3;
+      o.batch_invariant = variant == 4;
+      ctx_.options = o;
+      auto b = make(name);
+      ASSERT_NE(b, nullptr);
+      for (const ForwardBatch& fb : batches) {
+        auto m = family_forward_method(name, o, fb);
+        ASSERT_TRUE(m.ok()) << m.status().to_string();
+        EXPECT_EQ(forward_method_name(*m), forward_method_name(b->choose_forward_method(fb)))
+            << name << " variant " << variant << " mode " << forward_mode_name(fb.mode);
+        ++checked;
+      }
+      b.reset();
+      WorkspaceRegistry::global().release_all_for_testing();
+    }
+  }
+  EXPECT_EQ(checked, 3 * 5 * 9);
+  auto bad = family_forward_method("flashinfer", ctx_.options, batches[0]);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'flashinfer'"), std::string::npos);
+}
+
 TEST_F(BackendResources, TwoPagedMlaInstancesShareOneWorkspace) {
   auto target = PagedMlaBackend::create(ctx_, "paged_mla.target");
   auto draft = PagedMlaBackend::create(ctx_, "paged_mla.draft");

@@ -68,3 +68,47 @@ def test_native_library_refuses_another_torch_minor_version():
     with pytest.raises(ImportError, match=r"built against torch 2\.11\.0, but torch 2\.14\.1 "
                                           r"is running"):
         _native.check_torch_version("2.11.0", "2.14.1")
+
+
+def test_forward_method_is_the_cpp_rule_and_names_bad_input():
+    """torch.ops.mla.forward_method is the C++ backends' chooser (family_forward_method): the
+    one-shot form where the capacity holds the batch, the threshold, the fallback; mla.Backend
+    asks it for every mode but decode (absorbed, the rule's first line)."""
+    fm = torch.ops.mla.forward_method
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    # paged_mla: MHA without a prefix (one-shot when the batch fits the capacity), absorbed
+    # below the threshold, chunked above it unless the chunked prefix cache is off.
+    assert fm("paged_mla", "extend", i32([0, 0]), 30, 8192, 4096, False, False, False) \
+        == "mha_one_shot"
+    assert fm("paged_mla", "extend", i32([0, 0]), 30, 8192, 0, False, False, False) \
+        == "mha_chunked"
+    assert fm("paged_mla", "mixed", i32([10, 0]), 30, 8192, 0, False, False, False) == "absorbed"
+    assert fm("paged_mla", "extend", i32([9000, 0]), 9030, 8192, 0, False, False, False) \
+        == "mha_chunked"
+    assert fm("paged_mla", "extend", i32([9000, 0]), 9030, 8192, 0, True, False, False) \
+        == "absorbed"
+    # chunked_mla / ondemand_mla: chunked unless the fallback rule holds.
+    for fam in ("chunked_mla", "ondemand_mla"):
+        assert fm(fam, "extend", i32([3]), 9, 8192, 0, False, False, False) == "mha_chunked"
+        assert fm(fam, "extend", i32([3]), 9, 8192, 0, True, False, False) == "absorbed"
+        assert fm(fam, "extend", i32([0]), 9, 8192, 0, True, False, False) == "mha_chunked"
+        assert fm(fam, "extend", i32([0]), 9, 8192, 0, False, True, False) == "absorbed"
+        assert fm(fam, "extend", i32([0]), 9, 8192, 0, False, False, True) == "absorbed"
+    for mode in ("decode", "target_verify", "draft_extend", "idle"):
+        for fam in ("paged_mla", "chunked_mla", "ondemand_mla"):
+            assert fm(fam, mode, i32([4]), 9, 0, 0, False, False, False) == "absorbed"
+    # Backend._choose maps the rule to its two MHA forms and skips the call only for decode.
+    be = Backend("paged_mla", num_heads=16, page_size=16, device="cpu", sm_scale=0.1,
+                 mha_prefix_threshold=32)
+    seq = i32([40, 5])
+    assert be._choose("decode", None, seq) == "absorbed"
+    assert be._choose("target_verify", None, seq) == "absorbed"
+    assert be._choose("extend", i32([0, 0]), seq) == "mha"
+    assert be._choose("extend", i32([30, 0]), seq) == "absorbed"
+    assert be._choose("extend", i32([35, 0]), seq) == "mha_chunked"
+    with pytest.raises(ValueError, match="backend 'flashinfer' has no forward-method rule"):
+        fm("flashinfer", "extend", i32([0]), 9, 0, 0, False, False, False)
+    with pytest.raises(ValueError, match="mode = 'prefill_v2'"):
+        fm("paged_mla", "prefill_v2", i32([0]), 9, 0, 0, False, False, False)
+    with pytest.raises(ValueError, match="prefix_lens"):
+        fm("paged_mla", "extend", torch.zeros(2, dtype=torch.int64), 9, 0, 0, False, False, False)

@@ -38,8 +38,7 @@ std::size_t ChunkedMlaBackend::reserved_workspace_bytes() const {
 }
 
 ForwardMethod ChunkedMlaBackend::choose_forward_method(const ForwardBatch& batch) const {
-  return planning::choose_forward_method(planning::ExtendRule::kChunkedUnlessFallback,
-                                         method_options(options_), batch);
+  return planning::choose_forward_method(kExtendRule, method_options(options_), batch);
 }
 
 ForwardMethod ChunkedMlaBackend::forward_method() const {

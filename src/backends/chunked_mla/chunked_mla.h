@@ -21,6 +21,8 @@ inline constexpr std::size_t kDefaultChunkedWorkspaceBytes = 40u << 20;
 
 class ChunkedMlaBackend : public BackendBase {
  public:
+  // How it (and ondemand_mla) computes plain extends; family_forward_method reads it.
+  static constexpr planning::ExtendRule kExtendRule = planning::ExtendRule::kChunkedUnlessFallback;
   // kAuto: create the paged_mla fallback resources iff a fallback is possible. kNever: tests
   // only, to prove the backend copes with an absent parent planner.
   enum class ParentPolicy : uint8_t { kAuto, kNever };

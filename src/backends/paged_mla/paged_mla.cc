@@ -23,8 +23,7 @@ StatusOr<WorkspaceView> PagedMlaBackend::op_workspace(std::size_t) {
 }
 
 ForwardMethod PagedMlaBackend::choose_forward_method(const ForwardBatch& batch) const {
-  return planning::choose_forward_method(planning::ExtendRule::kPrefixThreshold,
-                                         method_options(options_), batch);
+  return planning::choose_forward_method(kExtendRule, method_options(options_), batch);
 }
 
 Status PagedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {

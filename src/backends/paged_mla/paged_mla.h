@@ -20,6 +20,8 @@ inline constexpr std::size_t kDefaultPagedWorkspaceBytes = 40u << 20;
 
 class PagedMlaBackend : public BackendBase {
  public:
+  // How it computes plain extends (planning/forward_method.h); family_forward_method reads it.
+  static constexpr planning::ExtendRule kExtendRule = planning::ExtendRule::kPrefixThreshold;
   // `instance_name` names the instance's own buffers ("paged_mla.absorbed_plan"); the workspace
   // is always the shared "paged_mla.workspace".
   static StatusOr<std::unique_ptr<PagedMlaBackend>> create(const BackendContext& ctx,
