@@ -53,6 +53,8 @@ class DeviceRuntime {
   virtual Status record_event(void* /*event*/, void* /*stream*/) { return Status::Ok(); }
   // Blocks the calling thread until the work before the event's last record has finished.
   virtual Status wait_event(void* /*event*/) { return Status::Ok(); }
+  // Whether the work before the event's last record has finished (never blocks).
+  virtual StatusOr<bool> event_done(void* /*event*/) { return true; }
   // A stream of the caller's own (cuda: non-blocking, so not ordered after the legacy default
   // stream); the cpu has none (nullptr: it runs inline). destroy_stream(nullptr) does nothing.
   virtual StatusOr<void*> create_stream() { return static_cast<void*>(nullptr); }

@@ -37,7 +37,9 @@ class UploadStaging {
   Status close(void* stream);
 
   std::size_t capacity(int i) const { return slots_[i].bytes; }
-  uint64_t waits() const { return waits_; }  // event waits before reusing a buffer
+  // Times reusing a buffer blocked the host (its last upload had not finished: the host was
+  // more than one plan ahead of the GPU); 0 in an engine that plans one step ahead.
+  uint64_t blocking_waits() const { return blocking_waits_; }
   uint64_t grows() const { return grows_; }  // (re)allocations
 
  private:
@@ -59,7 +61,7 @@ class UploadStaging {
   int current_ = 1;  // slot being filled when open_
   bool open_ = false;
   std::size_t cursor_ = 0;
-  uint64_t waits_ = 0, grows_ = 0;
+  uint64_t blocking_waits_ = 0, grows_ = 0;
 };
 
 }  // namespace mla

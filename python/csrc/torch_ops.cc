@@ -91,6 +91,16 @@ std::vector<int64_t> staging_bytes(int64_t handle) {
           static_cast<int64_t>(it->second->ring.capacity(1))};
 }
 
+// Times a plan through this ring blocked the host on an upload that had not finished
+// (UploadStaging::blocking_waits): the sync counter of planning.
+int64_t staging_blocking_waits(int64_t handle) {
+  std::lock_guard<std::mutex> lock(staging_mutex());
+  auto it = staging_table().find(handle);
+  TORCH_CHECK_VALUE(it != staging_table().end(), "mla.staging_blocking_waits: staging = ", handle,
+                    " is not a live staging handle");
+  return static_cast<int64_t>(it->second->ring.blocking_waits());
+}
+
 PlanStaging& staging_of(int64_t handle, const at::Device& device, std::string_view op) {
   std::lock_guard<std::mutex> lock(staging_mutex());
   auto it = staging_table().find(handle);
@@ -386,6 +396,7 @@ TORCH_LIBRARY(mla, m) {
   m.def("staging_new(Device device) -> int", &staging_new);
   m.def("staging_free(int staging) -> ()", &staging_free);
   m.def("staging_bytes(int staging) -> int[]", &staging_bytes);
+  m.def("staging_blocking_waits(int staging) -> int", &staging_blocking_waits);
   m.def(
       "absorbed_sizes(int max_batch, int max_q_tokens, int max_q_len, int num_heads, "
       "Device device) -> int[]",

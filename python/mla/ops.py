@@ -43,8 +43,8 @@ class _Staging:
     """The device plan buffer and the native pinned staging ring it is uploaded through.
 
     The ring (two pinned host buffers used in turn, a CUDA event recorded after each upload and
-    waited on before its buffer is written again, so a re-plan never overwrites bytes a copy may
-    still read) lives in the op library (mla::UploadStaging, as in the C++ backends): a plan is
+    waited on before its buffer is written again only if that upload has not finished, so a
+    re-plan never overwrites bytes a copy may still read and a host one plan ahead never blocks) lives in the op library (mla::UploadStaging, as in the C++ backends): a plan is
     one op call, with no Python-side event or stream calls. Freed with this object.
     """
 
@@ -57,6 +57,11 @@ class _Staging:
     def host_bytes(self) -> List[int]:
         """Bytes of the two pinned buffers (0 until first used; none on the cpu)."""
         return list(ops.staging_bytes(self.handle))
+
+    def blocking_waits(self) -> int:
+        """Plans that blocked the host on an upload still in flight (the host more than one
+        plan ahead of the GPU on this ring); 0 while it stays at most one step ahead."""
+        return int(ops.staging_blocking_waits(self.handle))
 
 
 class AbsorbedPlan:
@@ -92,6 +97,10 @@ class AbsorbedPlan:
     @property
     def plan_tensor(self) -> torch.Tensor:
         return self._staging.plan
+
+    def blocking_waits(self) -> int:
+        """Plans of this holder that blocked the host (see _Staging.blocking_waits)."""
+        return self._staging.blocking_waits()
 
     def plan(self, req_rows, q_lens, kv_lens) -> "AbsorbedPlan":
         """Plans a batch from host lengths (lists or tensors; device tensors are copied to the

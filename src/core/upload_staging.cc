@@ -48,9 +48,14 @@ Status UploadStaging::open(std::size_t first_bytes, void* stream) {
     MLA_ASSIGN_OR_RETURN(s.event, rt_->create_event());
   }
   if (s.pending) {
-    MLA_RETURN_IF_ERROR(rt_->wait_event(s.event));
+    // The buffer's last upload may still be reading it: block only when it has not finished
+    // (the host ran more than one plan ahead of the GPU), and count those.
+    MLA_ASSIGN_OR_RETURN(const bool done, rt_->event_done(s.event));
+    if (!done) {
+      MLA_RETURN_IF_ERROR(rt_->wait_event(s.event));
+      ++blocking_waits_;
+    }
     s.pending = false;
-    ++waits_;
   }
   if (s.bytes < first_bytes) MLA_RETURN_IF_ERROR(grow(s, round_up(first_bytes)));
   cursor_ = 0;

@@ -79,3 +79,103 @@ def test_flashinfer_wrapper_fixed_capacity_on_cuda():
     ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(3)], [1, 1, 1],
                                case.sm_scale, True)
     assert oracle.rel_err(out, ref_o) < 1e-2
+
+
+class _LatentPool:
+    def __init__(self, buffer):
+        self.buffer = buffer  # [slots, 1, 576]
+
+    def get_key_buffer(self, layer_id):
+        return self.buffer
+
+
+def test_backend_graph_replay_plans_and_replays_without_a_host_sync():
+    """The engine-facing backend (what the SGLang adapter plans through): a decode graph
+    captured once, then per step what the engine does between replays (copy the step's q into
+    the static buffer, init_forward_metadata from SGLang's host mirrors, replay), under torch's
+    sync debug mode "error" (a synchronizing torch call in planning or replay, such as .item(),
+    a device-to-host copy or bool() of a CUDA tensor, raises) and counted by the plan's staging
+    ring (plans that blocked the host on an upload still in flight).
+    1. The engine's schedule: the host one step ahead of a GPU kept busy (each step followed by
+       a ~10 ms GPU sleep; the host waits, by event queries, only for the step before): the GPU
+       is busy at every plan and no plan blocks.
+    2. Control: the host eight plans ahead of a 100 ms sleep: the two-buffer ring must block
+       (the counter counts). Every step's output against the float64 oracle."""
+    from types import SimpleNamespace
+    from mla.backend import Backend
+
+    dev = torch.device("cuda")
+    H, P, bs = 16, 16, 4
+    kv_all = [5 + 29 * i for i in range(10)]
+    case = PagedCase(page_size=P, kv_lens=kv_all, q_lens=[1] * len(kv_all), heads=H,
+                     layout="shuffled", seed=21).to(dev)
+    be = Backend("paged_mla", num_heads=H, page_size=P, device=dev, sm_scale=case.sm_scale,
+                 token_to_kv_pool=_LatentPool(case.cache.view(-1, 1, 576)),
+                 req_to_token_pool=SimpleNamespace(req_to_token=case.req_to_token))
+    be.init_cuda_graph_state(bs, bs)
+    layer = SimpleNamespace(layer_id=0, scaling=case.sm_scale, tp_q_head_num=H, head_dim=576,
+                            v_head_dim=512)
+
+    def step(idx):
+        seq = torch.tensor([kv_all[i] for i in idx], dtype=torch.int32)
+        rows = case.rows[idx]
+        return SimpleNamespace(forward_mode="decode", seq_lens=seq.to(dev), seq_lens_cpu=seq,
+                               req_pool_indices=rows.to(dev), req_pool_indices_cpu=rows)
+
+    steps = [[(k + 3 * i) % len(kv_all) for i in range(bs)] for k in range(8)]
+    batches = [step(idx) for idx in steps]
+    qs = [case.q[idx].contiguous() for idx in steps]  # device tensors, made before the checks
+    q_static = qs[0].clone()
+    be.init_forward_metadata(batches[0])
+    be.forward_decode(q_static, None, None, layer, batches[0], save_kv_cache=False)  # warm-up
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o_static = be.forward_decode(q_static, None, None, layer, batches[0],
+                                     save_kv_cache=False)
+    ring = be._graph_plan
+    stream = torch.cuda.current_stream()
+
+    def check(outs):
+        for idx, q, o in zip(steps, qs, outs):
+            ref, _ = oracle.absorbed(q, case.cache, [case.slots(i) for i in idx], [1] * bs,
+                                     case.sm_scale, True)
+            assert oracle.rel_err(o.view(bs, H, 512), ref) < 1e-2
+
+    # 1. one step ahead
+    plans, waits = be.stats["graph_plans"], ring.blocking_waits()
+    outs, done, busy = [], [], 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for k, (fb, q) in enumerate(zip(batches, qs)):
+            if k >= 1:
+                while not done[k - 1].query():  # the step before has run (no sync: a query)
+                    pass
+                busy += not stream.query()  # ...and the GPU is still busy (its sleep)
+            q_static.copy_(q)
+            be.init_forward_metadata(fb)
+            g.replay()
+            outs.append(o_static.clone())
+            done.append(torch.cuda.Event())
+            done[-1].record()
+            torch.cuda._sleep(20_000_000)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert be.stats["graph_plans"] - plans == len(steps)  # every step into the captured plan
+    assert busy == len(steps) - 1  # the host really ran ahead of the GPU
+    assert ring.blocking_waits() == waits
+    check(outs)
+
+    # 2. control: eight plans ahead of the GPU
+    waits = ring.blocking_waits()
+    outs = []
+    torch.cuda._sleep(200_000_000)
+    for fb, q in zip(batches, qs):
+        q_static.copy_(q)
+        be.init_forward_metadata(fb)
+        g.replay()
+        outs.append(o_static.clone())
+    torch.cuda.synchronize()
+    assert ring.blocking_waits() > waits
+    check(outs)

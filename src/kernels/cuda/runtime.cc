@@ -180,6 +180,15 @@ class CudaRuntime final : public DeviceRuntime {
     MLA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
     return Status::Ok();
   }
+  StatusOr<bool> event_done(void* event) override {
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (e == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: clear it
+      return false;
+    }
+    MLA_CUDA_RETURN_IF_ERROR(e);
+    return true;
+  }
   StatusOr<void*> create_stream() override {
     cudaStream_t s = nullptr;
     MLA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
