@@ -81,3 +81,13 @@ class PagedCase:
         i = torch.arange(kv)
         pages = torch.tensor(self.pages[b], dtype=torch.long)
         return pages[i // self.page_size] * self.page_size + i % self.page_size
+
+
+class LatentPool:
+    """An engine KV pool with only get_key_buffer (new rows go through mla's kv_write op)."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer  # [slots, 1, 576]
+
+    def get_key_buffer(self, layer_id):
+        return self.buffer

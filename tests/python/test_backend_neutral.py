@@ -9,15 +9,7 @@ import torch
 from mla.backend import Backend
 
 import oracle
-from cases import PagedCase
-
-
-class LatentPool:
-    def __init__(self, buffer):
-        self.buffer = buffer  # [slots, 1, 576]
-
-    def get_key_buffer(self, layer_id):
-        return self.buffer
+from cases import LatentPool, PagedCase
 
 
 def test_decode_with_engine_pools_and_kv_write(device):

@@ -8,7 +8,7 @@ import mla
 from mla import ops
 
 import oracle
-from cases import PagedCase
+from cases import LatentPool, PagedCase
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and mla.has_cuda_ops()),
                                 reason="needs a CUDA device and the CUDA op set")
@@ -81,14 +81,6 @@ def test_flashinfer_wrapper_fixed_capacity_on_cuda():
     assert oracle.rel_err(out, ref_o) < 1e-2
 
 
-class _LatentPool:
-    def __init__(self, buffer):
-        self.buffer = buffer  # [slots, 1, 576]
-
-    def get_key_buffer(self, layer_id):
-        return self.buffer
-
-
 def test_backend_graph_replay_plans_and_replays_without_a_host_sync():
     """The engine-facing backend (what the SGLang adapter plans through): a decode graph
     captured once, then per step what the engine does between replays (copy the step's q into
@@ -110,7 +102,7 @@ def test_backend_graph_replay_plans_and_replays_without_a_host_sync():
     case = PagedCase(page_size=P, kv_lens=kv_all, q_lens=[1] * len(kv_all), heads=H,
                      layout="shuffled", seed=21).to(dev)
     be = Backend("paged_mla", num_heads=H, page_size=P, device=dev, sm_scale=case.sm_scale,
-                 token_to_kv_pool=_LatentPool(case.cache.view(-1, 1, 576)),
+                 token_to_kv_pool=LatentPool(case.cache.view(-1, 1, 576)),
                  req_to_token_pool=SimpleNamespace(req_to_token=case.req_to_token))
     be.init_cuda_graph_state(bs, bs)
     layer = SimpleNamespace(layer_id=0, scaling=case.sm_scale, tp_q_head_num=H, head_dim=576,
