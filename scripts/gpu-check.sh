@@ -27,7 +27,14 @@
 #   one run interleave. GPU_BENCH_PAGES (e.g. 1,16,32,64,128) sets the quick decode grids' pages,
 #   GPU_BENCH_INVARIANT=1 adds the decode grid with batch-invariant plans to the first round
 #   (GPU_AB_INVARIANT=1: each A/B variant's too).
-#   The benchmarks run first, alone on the GPU.
+#   The benchmarks run first, alone on the GPU, after a smoke test: GPU_SMOKE_FILTER (default
+#   AbsorbedDevice.*) runs first with a short limit (GPU_SMOKE_TIMEOUT, default 90 s); when it
+#   fails or hangs, the benchmarks are skipped (they would time a broken or hung kernel) and the
+#   rest of the script runs as asked. GPU_SMOKE_FILTER=none skips it.
+#   GPU_ANCHORS_DIR=dir (a folder laid out by ../shared/anchors/assemble.sh, carried with the
+#   call): FlashMLA and FlashAttention-3 are built in the background from the start
+#   (scripts/gpu-anchors.sh) and, after the tests, timed on GPU_ANCHOR_OPS (default decode) into
+#   $OUT/anchors.jsonl: the anchors of the same run.
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
 # The device tool kills a command at 600 s and then nothing of the summary comes back:
@@ -50,13 +57,26 @@ summary=()
 
 summary+=("gpu        $(nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null | head -1)")
 
+# The anchors' builds (CPU only) start now, so they are ready when the GPU is free for them.
+if [ -n "${GPU_ANCHORS_DIR:-}" ]; then "$root/scripts/gpu-anchors.sh" build "$GPU_ANCHORS_DIR"; fi
+
+# The smoke test: a kernel that fails or hangs here is not benchmarked.
+smoke_ok=1
+if [ "${GPU_SMOKE_FILTER:-AbsorbedDevice.*}" != none ] && [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
+  timeout "${GPU_SMOKE_TIMEOUT:-90}" "$tests" --gtest_filter="${GPU_SMOKE_FILTER:-AbsorbedDevice.*}" \
+    > "$OUT/smoke.log" 2>&1
+  smoke_rc=$?
+  [ "$smoke_rc" -ne 0 ] && smoke_ok=0
+  summary+=("smoke      rc=$smoke_rc ($(grep -c '^\[       OK \]' "$OUT/smoke.log") ok, $(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$OUT/smoke.log") failed; ${GPU_SMOKE_FILTER:-AbsorbedDevice.*})$([ "$smoke_ok" = 0 ] && echo ': benchmarks skipped')")
+fi
+
 # The benchmarks first, alone on the GPU: the commit's `mla bench`, then each A/B variant's
 # (GPU_AB="label|dir;label2|dir2", each dir holding an mla and mla_gpu_tests built by
 # scripts/gpu-build.sh (CARRY=dir) from another commit or with an experiments build option: the
 # quick decode grid, rows tagged "variant": label), GPU_BENCH_REPEAT times in turn.
 variants=()
 [ -n "${GPU_AB:-}" ] && IFS=';' read -ra variants <<< "$GPU_AB"
-if [ "${GPU_SKIP_BENCH:-0}" != 1 ]; then
+if [ "${GPU_SKIP_BENCH:-0}" != 1 ] && [ "$smoke_ok" = 1 ]; then
   quick=()
   [ "${GPU_CHECK_QUICK:-0}" = 1 ] && quick=(--quick)
   pages=()
@@ -302,6 +322,14 @@ if [ ${#san_pids[@]} -gt 0 ]; then
       summary+=("           failed: $(sort -u "/tmp/mla_sanitize_${tool}.failed" | head -6 | tr '\n' ' ')")
     fi
   done
+fi
+
+# The anchors of the same run (GPU_ANCHORS_DIR), once mla's GPU work is done.
+if [ -n "${GPU_ANCHORS_DIR:-}" ]; then
+  timeout "$(left_s 120 30)" "$root/scripts/gpu-anchors.sh" wait > "$OUT/anchors_build.log" 2>&1
+  timeout "$(left_s "${GPU_ANCHOR_RUN_TIMEOUT:-200}" 15)" "$root/scripts/gpu-anchors.sh" run \
+    "$GPU_ANCHORS_DIR" "${GPU_ANCHOR_OPS:-decode}" "$OUT/anchors.jsonl" >> "$OUT/anchors_build.log" 2>&1
+  summary+=("anchors    rc=$? rows=$(grep -c . "$OUT/anchors.jsonl" 2>/dev/null) ($(grep -h '^built\|rc=' /tmp/mla-anchor-build.log /tmp/mla-fa3-build.log 2>/dev/null | tr '\n' ' '))")
 fi
 
 echo
