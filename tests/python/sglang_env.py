@@ -19,11 +19,15 @@ DEEPSEEK = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_h
 
 
 def model_config(heads, **over):
-    return SimpleNamespace(num_attention_heads=heads, **{**DEEPSEEK, **over})
+    # hf_config / hf_text_config: what SGLang's draft factory and backend wrappers inspect (a
+    # DeepSeek config is none of the model classes they wrap).
+    return SimpleNamespace(num_attention_heads=heads, hf_config=SimpleNamespace(),
+                           hf_text_config=SimpleNamespace(), **{**DEEPSEEK, **over})
 
 
 def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_dim=64,
-           disable_chunked_prefix_cache=False, tp_size=1, **cfg_over):
+           disable_chunked_prefix_cache=False, tp_size=1, draft_attention_backend=None,
+           **cfg_over):
     P = case.page_size
     pool = MLATokenToKVPool(case.num_slots, P, pool_dtype or kv_cache_dtype, 512, rope_dim, 1,
                             "cpu", False)
@@ -34,7 +38,9 @@ def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_
     rpool.req_to_token[:rows] = case.req_to_token
     return SimpleNamespace(
         model_config=model_config(heads * tp_size, **cfg_over), tp_size=tp_size, page_size=P,
-        device="cpu", kv_cache_dtype=kv_cache_dtype, token_to_kv_pool=pool,
+        device="cpu", kv_cache_dtype=kv_cache_dtype, token_to_kv_pool=pool, use_mla_backend=True,
+        is_draft_worker=draft_attention_backend is not None,
+        draft_attention_backend=draft_attention_backend,
         req_to_token_pool=rpool,
         kv_index_translator=KVIndexTranslator(
             req_to_token=rpool.req_to_token, token_to_kv_pool_allocator=None,
@@ -52,10 +58,11 @@ def new_slots(case, q_lens):
     return torch.cat([case.slots(b)[-q:] for b, q in enumerate(q_lens)]).to(torch.int64)
 
 
-def batch(case, mode, q_lens, *, prefix=None, spec_info=None):
+def batch(case, mode, q_lens, *, prefix=None, spec_info=None, kv_lens=None):
     """A real ForwardBatch. decode / target_verify / draft_extend / extend: the kv lengths are
-    case.kv_lens (for target_verify seq_lens excludes the draft tokens, as SGLang's)."""
-    kv = torch.tensor(case.kv_lens, dtype=torch.int32)
+    case.kv_lens, or kv_lens (for target_verify seq_lens excludes the draft tokens, as
+    SGLang's)."""
+    kv = torch.tensor(case.kv_lens if kv_lens is None else kv_lens, dtype=torch.int32)
     q = torch.tensor(q_lens, dtype=torch.int32)
     fm = getattr(ForwardMode, mode.upper()) if mode != "draft_extend" else ForwardMode.DRAFT_EXTEND_V2
     seq = kv - q if mode == "target_verify" else kv

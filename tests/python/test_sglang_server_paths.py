@@ -1,0 +1,234 @@
+"""The SGLang 0.5.23 paths a real server takes with mla's names, through SGLang's own code (not
+RadixAttention.forward alone): ModelRunner's load-time chunked-prefix gate
+(model_runner_components/misc_utils.maybe_disable_chunked_prefix_cache) with the config SGLang
+publishes, ModelRunner's backend construction (attention_backend_setup.build_attention_backends),
+and the EAGLE / DeepSeek MTP draft worker's DraftBackendFactory (speculative/draft_utils.py),
+whose backends then run a draft decode and a draft extend on CPU tensors against the float64
+oracle."""
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.layers.attention.base_attn_backend",
+                    reason="sglang 0.5.23 is not installed (scripts/setup-engines.sh installs it)")
+
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context  # noqa: E402
+from sglang.srt.model_executor.model_runner_components import misc_utils  # noqa: E402
+from sglang.srt.models.deepseek_common.attention_backend_handler import (  # noqa: E402
+    AttnForwardMethod)
+from sglang.srt.runtime_context import get_context, get_parallel, get_schedule  # noqa: E402
+from sglang.srt.speculative.draft_utils import DraftBackendFactory  # noqa: E402
+
+from mla.integrations import sglang as plugin  # noqa: E402
+
+import oracle  # noqa: E402
+import sglang_env as env  # noqa: E402
+from cases import PagedCase  # noqa: E402
+
+NAMES = ["mla_paged", "mla_chunked", "mla_ondemand"]
+H, P = 16, 16
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    plugin.register()
+    with get_parallel().override(attn_tp_size=1, attn_dcp_size=1, attn_dcp_rank=0):
+        yield
+
+
+def published(**server_args):
+    """The config SGLang publishes for a server started with these arguments (restored after)."""
+    return get_context().override_server_args(**server_args)
+
+
+def prefix_case():
+    q_lens, prefix = [4, 2], [37, 12]
+    return PagedCase(page_size=P, kv_lens=[q + p for q, p in zip(q_lens, prefix)],
+                     q_lens=q_lens, heads=H, layout="shuffled", seed=2), q_lens, prefix
+
+
+def handler_method(backend, fb):
+    with forward_context(ForwardContext(attn_backend=backend)):
+        return plugin.deepseek_forward_method(None, fb)
+
+
+# ---- ModelRunner's load-time chunked-prefix gate ----
+@pytest.mark.parametrize("name", NAMES)
+def test_chunked_prefix_gate_keeps_chunked_prefix_for_mla_names(name):
+    """The real gate, as ModelRunner.__init__ calls it for the target model, leaves chunked
+    prefix on for mla's names; the backend SGLang then builds and DeepSeek's handler agree
+    (chunked-prefix MHA for a batch with long prefixes, each family by its own rule)."""
+    case, q_lens, prefix = prefix_case()
+    with published(attention_backend=name):
+        assert name in misc_utils.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
+        misc_utils.maybe_disable_chunked_prefix_cache(use_mla_backend=True,
+                                                      is_draft_worker=False)
+        assert get_schedule().disable_chunked_prefix_cache is False
+        be = plugin.BACKEND_CLASSES[name](env.runner(case, heads=H))
+        assert be.disable_chunked_prefix_cache is False
+        fb = env.batch(case, "extend", q_lens, prefix=[9000, 10])
+        be.init_forward_metadata(fb)
+        assert be.forward_method == "mha_chunked"
+        assert handler_method(be, fb) == AttnForwardMethod.MHA_CHUNKED_KV
+
+
+@pytest.mark.parametrize("gate_list_has_mla", [True, False])
+def test_backend_follows_the_gate_not_the_raw_server_argument(gate_list_has_mla, monkeypatch):
+    """Where the gate turns chunked prefix off (here: mla's names taken out of the list it
+    reads; in SGLang also a non-MLA model or --disable-chunked-prefix-cache), the model runs
+    without it while the raw server argument still says on: mla's backend reads the resolved
+    value, so it plans the prefix batch absorbed and DeepSeek's handler takes MLA."""
+    if not gate_list_has_mla:
+        monkeypatch.setattr(misc_utils, "CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS",
+                            [n for n in misc_utils.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
+                             if n not in NAMES])
+    case, q_lens, prefix = prefix_case()
+    with published(attention_backend="mla_chunked"):
+        misc_utils.maybe_disable_chunked_prefix_cache(use_mla_backend=True,
+                                                      is_draft_worker=False)
+        off = not gate_list_has_mla
+        assert get_schedule().disable_chunked_prefix_cache is off
+        runner = env.runner(case, heads=H)
+        assert runner.server_args.disable_chunked_prefix_cache is False  # the raw argument
+        be = plugin.BACKEND_CLASSES["mla_chunked"](runner)
+        assert be.disable_chunked_prefix_cache is off
+        fb = env.batch(case, "extend", q_lens, prefix=prefix)
+        be.init_forward_metadata(fb)
+        assert be.forward_method == ("absorbed" if off else "mha_chunked")
+        want = AttnForwardMethod.MLA if off else AttnForwardMethod.MHA_CHUNKED_KV
+        assert handler_method(be, fb) == want
+
+
+def test_user_disable_chunked_prefix_cache_reaches_the_backend():
+    case, q_lens, prefix = prefix_case()
+    with published(attention_backend="mla_ondemand", disable_chunked_prefix_cache=True):
+        misc_utils.maybe_disable_chunked_prefix_cache(use_mla_backend=True,
+                                                      is_draft_worker=False)
+        assert get_schedule().disable_chunked_prefix_cache is True
+        be = plugin.BACKEND_CLASSES["mla_ondemand"](env.runner(case, heads=H))
+        fb = env.batch(case, "extend", q_lens, prefix=prefix)
+        be.init_forward_metadata(fb)
+        assert be.disable_chunked_prefix_cache is True and be.forward_method == "absorbed"
+
+
+# ---- EAGLE / DeepSeek MTP: SGLang's DraftBackendFactory ----
+STEPS = 3  # speculative_num_steps: the draft worker runs STEPS - 1 decode forwards
+
+
+def draft_case(seed):
+    committed = [20, 3, 40]
+    # Room for the draft tokens past each request's committed length.
+    return committed, PagedCase(page_size=P, kv_lens=[c + STEPS for c in committed],
+                                q_lens=[1] * 3, heads=H, layout="interleaved", seed=seed)
+
+
+def factory_backends(runner, **server_args):
+    with published(**server_args):
+        factory = DraftBackendFactory(runner, topk=1, speculative_num_steps=STEPS)
+        return factory.create_decode_backend(), factory.create_draft_extend_backend()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_draft_factory_builds_mla_backends_and_a_draft_decode_matches(name):
+    """--attention-backend <mla name> with EAGLE: the real factory returns mla's multi-step
+    draft backend (one backend per step, stamped with the name DeepSeek dispatches on) and
+    mla's draft-extend backend. Then the draft worker's decode as eagle_worker_v2.draft_forward
+    runs it: one init_forward_metadata on the container, step i inside
+    forward_context(attn_backend=attn_backends[i]) with out_cache_loc = the slot after the
+    committed tokens + i, writing its new latent row and attending to committed + i + 1 keys."""
+    committed, case = draft_case(7)
+    runner = env.runner(case, heads=H)
+    dec, ext = factory_backends(runner, attention_backend=name)
+    assert isinstance(dec, plugin.MLAMultiStepDraftBackend)
+    assert len(dec.attn_backends) == STEPS - 1 and dec.needs_cpu_seq_lens
+    for b in dec.attn_backends:
+        assert isinstance(b, plugin.BACKEND_CLASSES[name])
+        assert b.decode_attention_backend_str == name == b.prefill_attention_backend_str
+    assert isinstance(ext, plugin.BACKEND_CLASSES[name]) and ext.draft_step is None
+    assert ext.decode_attention_backend_str == name
+
+    pool = runner.token_to_kv_pool
+    draft_slots = [torch.stack([case.slots(b)[committed[b] + i] for b in range(3)]).long()
+                   for i in range(STEPS - 1)]
+    rows = [case.cache[s].clone() for s in draft_slots]
+    for s in draft_slots:
+        pool.kv_buffer[0][s] = 0  # each draft row arrives through its step's save_kv_cache
+    fb = env.batch(case, "decode", [1] * 3, kv_lens=committed)
+    dec.init_forward_metadata(fb)
+    layer = env.attn_mqa(H, case.sm_scale)
+    g = torch.Generator().manual_seed(3)
+    for i in range(STEPS - 1):
+        q = (torch.randn(3, H, 576, generator=g) * 0.5).to(torch.bfloat16)
+        fb.out_cache_loc = draft_slots[i]
+        with forward_context(ForwardContext(attn_backend=dec.attn_backends[i])):
+            o = layer.forward(q[..., :512], rows[i][:, None, :512], rows[i][:, None, :512], fb,
+                              q_rope=q[..., 512:], k_rope=rows[i][:, None, 512:])
+        assert torch.equal(pool.kv_buffer[0][draft_slots[i]].view(-1, 576), rows[i])
+        keys = [case.slots(b)[:committed[b] + i + 1] for b in range(3)]
+        ref_o, _ = oracle.absorbed(q, case.cache, keys, [1] * 3, case.sm_scale, True)
+        assert oracle.rel_err(o.view(3, H, 512), ref_o) < 1e-2, f"draft step {i}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("attention_mode", ["prefill", "decode"])
+def test_draft_extend_from_the_factory_matches(name, attention_mode):
+    """The draft extend after verify (DRAFT_EXTEND_V2: seq_lens past the num_draft_tokens new
+    rows, each request's window causal over its prefix), through the backend the factory
+    gives for either --speculative-attention-mode."""
+    committed, case = draft_case(11)
+    n = STEPS  # num_draft_tokens of a chain: steps + 1 minus the bonus token
+    dec, ext = factory_backends(env.runner(case, heads=H), attention_backend=name,
+                                speculative_attention_mode=attention_mode)
+    fb = env.batch(case, "draft_extend", [n] * 3)
+    ext.init_forward_metadata(fb)
+    assert ext.forward_method == "absorbed"
+    new = env.new_slots(case, [n] * 3)
+    q = (torch.randn(3 * n, H, 576, generator=torch.Generator().manual_seed(5)) * 0.5).to(
+        torch.bfloat16)
+    with forward_context(ForwardContext(attn_backend=ext)):
+        o = env.attn_mqa(H, case.sm_scale).forward(q, case.cache[new][:, None, :],
+                                                   case.cache[new][:, None, :512], fb)
+    ref_o, _ = oracle.absorbed(q, case.cache, [case.slots(b) for b in range(3)], [n] * 3,
+                               case.sm_scale, True)
+    assert oracle.rel_err(o.view(3 * n, H, 512), ref_o) < 1e-2
+
+
+def test_draft_attention_backend_override_and_builtin_names():
+    """--speculative-draft-attention-backend mla_paged under another target backend gives mla's
+    draft backends; a name neither SGLang nor mla knows still fails with SGLang's own error."""
+    committed, case = draft_case(1)
+    dec, ext = factory_backends(env.runner(case, heads=H, draft_attention_backend="mla_paged"),
+                                attention_backend="flashinfer")
+    assert isinstance(dec, plugin.MLAMultiStepDraftBackend) and dec.name == "mla_paged"
+    assert isinstance(ext, plugin.BACKEND_CLASSES["mla_paged"])
+    with pytest.raises(ValueError,
+                       match="EAGLE is not supported in (decode )?attention backend mla_fast"):
+        factory_backends(env.runner(case, heads=H, draft_attention_backend="mla_fast"),
+                         attention_backend="flashinfer")
+
+
+def test_draft_decode_refuses_trees_and_other_batch_modes():
+    committed, case = draft_case(2)
+    runner = env.runner(case, heads=H)
+    with published(attention_backend="mla_chunked"):
+        factory = DraftBackendFactory(runner, topk=4, speculative_num_steps=STEPS)
+        with pytest.raises(ValueError, match=r"speculative_eagle_topk = 4: mla_chunked"):
+            factory.create_decode_backend()
+    dec, _ = factory_backends(runner, attention_backend="mla_chunked")
+    with pytest.raises(ValueError, match=r"forward_batch\.forward_mode = .*draft step 0 of "
+                                         r"chunked_mla plans the draft worker's decode"):
+        dec.init_forward_metadata(env.batch(case, "extend", [1] * 3))
+
+
+def test_draft_decode_graph_hooks_plan_each_step_into_its_graph_plan():
+    """EAGLEDraftCudaGraphRunner's calls: init_cuda_graph_state, then out-of-graph planning at
+    capture and before each replay; every step re-plans into its own captured plan, with its
+    own key count."""
+    committed, case = draft_case(4)
+    dec, _ = factory_backends(env.runner(case, heads=H), attention_backend="mla_paged")
+    dec.init_cuda_graph_state(4, 4)
+    fb = env.batch(case, "decode", [1] * 3, kv_lens=committed)
+    dec.init_forward_metadata_out_graph(fb, in_capture=True)
+    dec.init_forward_metadata_in_graph(fb)
+    for i, b in enumerate(dec.attn_backends):
+        assert b._plan is b._graph_plan
+        assert b._plan._kv_lens.tolist() == [c + i + 1 for c in committed]
