@@ -7,7 +7,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from transformers import PretrainedConfig
 
+from sglang.srt.configs.model_config import AttentionArch
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
@@ -19,10 +21,13 @@ DEEPSEEK = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_h
 
 
 def model_config(heads, **over):
-    # hf_config / hf_text_config: what SGLang's draft factory and backend wrappers inspect (a
-    # DeepSeek config is none of the model classes they wrap).
-    return SimpleNamespace(num_attention_heads=heads, hf_config=SimpleNamespace(),
-                           hf_text_config=SimpleNamespace(), **{**DEEPSEEK, **over})
+    # attention_arch, hf_config / hf_text_config, linear_attn_registry_result: what SGLang's
+    # backend construction (build_attention_backends, attn_backend_wrapper) and draft factory
+    # inspect (a DeepSeek config is none of the hybrid / wrapped model classes).
+    hf = PretrainedConfig()
+    return SimpleNamespace(num_attention_heads=heads, attention_arch=AttentionArch.MLA,
+                           hf_config=hf, hf_text_config=hf, linear_attn_registry_result=None,
+                           **{**DEEPSEEK, **over})
 
 
 def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_dim=64,

@@ -5,6 +5,8 @@ publishes, ModelRunner's backend construction (attention_backend_setup.build_att
 and the EAGLE / DeepSeek MTP draft worker's DraftBackendFactory (speculative/draft_utils.py),
 whose backends then run a draft decode and a draft extend on CPU tensors against the float64
 oracle."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -46,6 +48,19 @@ def prefix_case():
                      q_lens=q_lens, heads=H, layout="shuffled", seed=2), q_lens, prefix
 
 
+def model_runner_backend(runner):
+    """The backend ModelRunner builds after its gates: the real
+    attention_backend_setup.build_attention_backends, with the runner's resolved backend
+    names stamped first as ModelRunner does."""
+    from sglang.srt.model_executor.model_runner_components import attention_backend_setup
+    names = attention_backend_setup.resolve_attention_backend_strs(model_runner=runner)
+    runner.prefill_attention_backend_str, runner.decode_attention_backend_str = (
+        names.prefill, names.decode)
+    built = attention_backend_setup.build_attention_backends(model_runner=runner)
+    assert built.attn_backend.prefill_attention_backend_str == names.prefill
+    return built.attn_backend
+
+
 def handler_method(backend, fb):
     with forward_context(ForwardContext(attn_backend=backend)):
         return plugin.deepseek_forward_method(None, fb)
@@ -55,15 +70,16 @@ def handler_method(backend, fb):
 @pytest.mark.parametrize("name", NAMES)
 def test_chunked_prefix_gate_keeps_chunked_prefix_for_mla_names(name):
     """The real gate, as ModelRunner.__init__ calls it for the target model, leaves chunked
-    prefix on for mla's names; the backend SGLang then builds and DeepSeek's handler agree
-    (chunked-prefix MHA for a batch with long prefixes, each family by its own rule)."""
+    prefix on for mla's names; the backend ModelRunner then builds (build_attention_backends)
+    and DeepSeek's handler agree (chunked-prefix MHA for a batch with long prefixes)."""
     case, q_lens, prefix = prefix_case()
     with published(attention_backend=name):
         assert name in misc_utils.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
         misc_utils.maybe_disable_chunked_prefix_cache(use_mla_backend=True,
                                                       is_draft_worker=False)
         assert get_schedule().disable_chunked_prefix_cache is False
-        be = plugin.BACKEND_CLASSES[name](env.runner(case, heads=H))
+        be = model_runner_backend(env.runner(case, heads=H))
+        assert isinstance(be, plugin.BACKEND_CLASSES[name])
         assert be.disable_chunked_prefix_cache is False
         fb = env.batch(case, "extend", q_lens, prefix=[9000, 10])
         be.init_forward_metadata(fb)
@@ -89,7 +105,7 @@ def test_backend_follows_the_gate_not_the_raw_server_argument(gate_list_has_mla,
         assert get_schedule().disable_chunked_prefix_cache is off
         runner = env.runner(case, heads=H)
         assert runner.server_args.disable_chunked_prefix_cache is False  # the raw argument
-        be = plugin.BACKEND_CLASSES["mla_chunked"](runner)
+        be = model_runner_backend(runner)
         assert be.disable_chunked_prefix_cache is off
         fb = env.batch(case, "extend", q_lens, prefix=prefix)
         be.init_forward_metadata(fb)
@@ -104,7 +120,7 @@ def test_user_disable_chunked_prefix_cache_reaches_the_backend():
         misc_utils.maybe_disable_chunked_prefix_cache(use_mla_backend=True,
                                                       is_draft_worker=False)
         assert get_schedule().disable_chunked_prefix_cache is True
-        be = plugin.BACKEND_CLASSES["mla_ondemand"](env.runner(case, heads=H))
+        be = model_runner_backend(env.runner(case, heads=H))
         fb = env.batch(case, "extend", q_lens, prefix=prefix)
         be.init_forward_metadata(fb)
         assert be.disable_chunked_prefix_cache is True and be.forward_method == "absorbed"
@@ -232,3 +248,167 @@ def test_draft_decode_graph_hooks_plan_each_step_into_its_graph_plan():
     for i, b in enumerate(dec.attn_backends):
         assert b._plan is b._graph_plan
         assert b._plan._kv_lens.tolist() == [c + i + 1 for c in committed]
+
+
+# ---- DeepSeek's own attention module (DeepseekV2AttentionMLA) over mla's backends ----
+HIDDEN = 256
+YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def deepseek_attention():
+    """One DeepseekV2AttentionMLA layer shaped as DeepSeek-V2-Lite's (no q LoRA, kv_lora_rank
+    512, rope 64, nope 128, v 128; H heads, a small hidden size), random bf16 weights."""
+    from sglang.srt.models.deepseek_v2 import DeepseekV2AttentionMLA
+    m = DeepseekV2AttentionMLA(
+        config=SimpleNamespace(rms_norm_eps=1e-6), hidden_size=HIDDEN, num_heads=H,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=None,
+        kv_lora_rank=512, rope_theta=10000, rope_scaling=dict(YARN),
+        max_position_embeddings=4096, quant_config=None, reduce_results=False, layer_id=0)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    m = m.to(torch.bfloat16)
+    # What SGLang's DeepSeek weight loader derives from kv_b_proj after loading
+    # (deepseek_weight_loader.py, post_load_weights): the absorbed w_kc, w_vc.
+    w_kc, w_vc = m.kv_b_proj.weight.unflatten(0, (-1, 256)).split([128, 128], dim=1)
+    m.w_kc = w_kc.transpose(1, 2).contiguous().transpose(1, 2)
+    m.w_vc = w_vc.contiguous().transpose(1, 2)
+    return m
+
+
+class _ChunkKvIndices:
+    """A CPU stand-in for SGLang's Triton kernel create_chunked_prefix_cache_kv_indices (no CPU
+    path): each request's prefix-chunk slots from req_to_token."""
+    def __getitem__(self, grid):
+        def run(req_to_token, rows, starts, lens, cu, out, _width):
+            for b in range(grid[0]):
+                s, n, o = int(starts[b]), int(lens[b]), int(cu[b])
+                out[o:o + n] = req_to_token[int(rows[b]), s:s + n]
+        return run
+
+
+def _merge_state_cpu(o_a, lse_a, o_b, lse_b, out=None, out_lse=None):
+    """A CPU stand-in for sglang.srt.layers.attention.merge_state (sgl_kernel / Triton)."""
+    o, lse = oracle.merge(o_a, lse_a, o_b, lse_b)
+    out.copy_(o)
+    out_lse.copy_(lse)
+    return out, out_lse
+
+
+def run_module(name, case, mode, q_lens, prefix=None):
+    """The layer's forward(positions, hidden_states, forward_batch) as DeepseekV2DecoderLayer
+    calls it, inside SGLang's forward context with the backend SGLang builds for `name`, on a
+    fresh copy of the case's KV pool; returns (output, the pool's rows afterwards)."""
+    from sglang.srt.utils import BumpAllocator
+    runner = env.runner(case, heads=H)
+    fb = env.batch(case, mode, q_lens, prefix=prefix)
+    seq = fb.seq_lens.long()
+    if mode == "decode":
+        positions = seq - 1
+    else:
+        positions = torch.cat([torch.arange(s - q, s) for s, q in zip(seq.tolist(), q_lens)])
+    hidden = (torch.randn(len(positions), HIDDEN, generator=torch.Generator().manual_seed(1))
+              ).to(torch.bfloat16)
+    with published(attention_backend=name, device="cpu"), torch.inference_mode():
+        be = model_runner_backend(runner)
+        be.init_forward_metadata(fb)
+        with forward_context(ForwardContext(attn_backend=be)):
+            out = deepseek_attention()(positions, hidden, fb,
+                                       BumpAllocator(256, torch.float32, "cpu"))
+    return out, runner.token_to_kv_pool.kv_buffer[0][:case.num_slots].clone()
+
+
+@pytest.fixture
+def module_env(monkeypatch):
+    from sglang.srt.layers.attention import merge_state
+    from sglang.srt.model_executor import forward_batch_deepseek_mha_mixin as mixin
+    from sglang.srt.models.deepseek_common.attention_backend_handler import (
+        AttentionBackendRegistry)
+    monkeypatch.setenv("SGLANG_MAX_KV_CHUNK_CAPACITY", "32")  # several prefix chunks
+    monkeypatch.setattr(mixin, "create_chunked_prefix_cache_kv_indices", _ChunkKvIndices())
+    monkeypatch.setattr(merge_state, "merge_state", _merge_state_cpu)
+    # The reference: SGLang's own torch_native backend (SDPA over the same pool), which the
+    # model drives absorbed (q_nope absorbed into the latent, the 576-wide cat form).
+    monkeypatch.setitem(AttentionBackendRegistry._handlers, "torch_native",
+                        lambda attn, fb: AttnForwardMethod.MLA)
+    with get_parallel().override(attn_tp_rank=0, tp_group=SimpleNamespace(world_size=1)):
+        yield
+
+
+METHODS = {"absorbed": AttnForwardMethod.MLA, "mha": AttnForwardMethod.MHA,
+           "mha_chunked": AttnForwardMethod.MHA_CHUNKED_KV}
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("mode,q_lens,prefix,paged_method", [
+    ("decode", [1, 1, 1], None, "absorbed"),
+    ("extend", [5, 3, 2], [0, 0, 0], "mha"),  # no cached prefix: ragged MHA
+    ("extend", [4, 2, 3], [17, 1, 30], "absorbed")])  # short prefixes: paged_mla absorbed
+def test_deepseek_attention_module_matches_sglang_torch_native(module_env, monkeypatch, name,
+                                                               mode, q_lens, prefix,
+                                                               paged_method):
+    """DeepseekV2AttentionMLA.forward (its dispatch through mla's DeepSeek handler, q/k
+    projections, RoPE, latent write, then absorbed MLA, ragged MHA or chunked-prefix MHA with
+    kv_b_proj up-projection and merge_state, o_proj) over an mla backend, against the same
+    layer, weights and batch over SGLang's torch_native backend: same output, same new rows in
+    the KV pool. chunked_mla / ondemand_mla take chunked-prefix MHA for the prefix batch."""
+    from sglang.srt.models.deepseek_common.attention_backend_handler import (
+        AttentionBackendRegistry)
+    kv = [q + (p if prefix is not None else 20 + 7 * b) for b, (q, p) in
+          enumerate(zip(q_lens, prefix or [0] * 3))]
+    case = PagedCase(page_size=P, kv_lens=kv, q_lens=q_lens, heads=H, layout="shuffled",
+                     seed=13)
+    want = paged_method
+    if name != "mla_paged" and prefix is not None and any(prefix):
+        want = "mha_chunked"
+    taken = []
+
+    def handler(attn, fb):
+        taken.append(plugin.deepseek_forward_method(attn, fb))
+        return taken[-1]
+
+    monkeypatch.setitem(AttentionBackendRegistry._handlers, name, handler)
+    out, rows = run_module(name, case, mode, q_lens, prefix)
+    assert taken == [METHODS[want]]
+    ref, ref_rows = run_module("torch_native", case, mode, q_lens, prefix)
+    assert oracle.rel_err(out, ref) < 1e-2
+    assert torch.equal(rows, ref_rows)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_deepseek_attention_module_draft_decode_from_the_factory(module_env, name):
+    """DeepSeek MTP's draft decode: the same attention layer driven step by step as
+    eagle_worker_v2.draft_forward drives the draft model (one batch at the committed lengths,
+    step i inside forward_context(attn_backend=attn_backends[i]) of the backend the real
+    DraftBackendFactory built, out_cache_loc the step's draft slot); against torch_native on a
+    decode batch of committed + i + 1 keys. Same outputs, same draft rows in the pool."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.utils import BumpAllocator
+    committed, case = draft_case(17)
+    runner, ref_runner = env.runner(case, heads=H), env.runner(case, heads=H)
+    dec, _ = factory_backends(runner, attention_backend=name)
+    ref_be = ATTENTION_BACKENDS["torch_native"](ref_runner)
+    # The stamp ModelRunner puts on the backend it builds (build_attention_backends).
+    ref_be.prefill_attention_backend_str = ref_be.decode_attention_backend_str = "torch_native"
+    fb = env.batch(case, "decode", [1] * 3, kv_lens=committed)
+    dec.init_forward_metadata(fb)
+    g = torch.Generator().manual_seed(2)
+    with published(attention_backend=name, device="cpu"), torch.inference_mode():
+        attn = deepseek_attention()
+        for i in range(STEPS - 1):
+            slots = torch.stack([case.slots(b)[committed[b] + i] for b in range(3)]).long()
+            positions = torch.tensor(committed) + i
+            hidden = torch.randn(3, HIDDEN, generator=g).to(torch.bfloat16)
+            fb.out_cache_loc = slots
+            with forward_context(ForwardContext(attn_backend=dec.attn_backends[i])):
+                out = attn(positions, hidden, fb, BumpAllocator(256, torch.float32, "cpu"))
+            ref_fb = env.batch(case, "decode", [1] * 3, kv_lens=[c + i + 1 for c in committed])
+            ref_fb.out_cache_loc = slots
+            ref_be.init_forward_metadata(ref_fb)
+            with forward_context(ForwardContext(attn_backend=ref_be)):
+                ref = attn(positions, hidden, ref_fb, BumpAllocator(256, torch.float32, "cpu"))
+            assert oracle.rel_err(out, ref) < 1e-2, f"draft step {i}"
+            assert torch.equal(runner.token_to_kv_pool.kv_buffer[0],
+                               ref_runner.token_to_kv_pool.kv_buffer[0])
