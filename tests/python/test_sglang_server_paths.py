@@ -126,6 +126,26 @@ def test_user_disable_chunked_prefix_cache_reaches_the_backend():
         assert be.disable_chunked_prefix_cache is True and be.forward_method == "absorbed"
 
 
+def test_register_is_idempotent_and_refuses_a_changed_draft_factory(monkeypatch):
+    from sglang.srt.server_args import CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
+    for _ in range(3):
+        plugin.register()
+    for name in NAMES:
+        assert CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS.count(name) == 1
+    wrapped = DraftBackendFactory._create_backend
+    assert wrapped._mla_names == tuple(NAMES)
+    assert not hasattr(wrapped.__wrapped__, "_mla_names")  # wrapped once
+
+    def changed(self, backend_name, backend_map):
+        return None
+
+    monkeypatch.setattr(DraftBackendFactory, "_create_backend", changed)
+    with pytest.raises(plugin.UnsupportedSGLangVersion,
+                       match=r"DraftBackendFactory\._create_backend takes "
+                             r"\['backend_name', 'backend_map'\]"):
+        plugin.register()
+
+
 # ---- EAGLE / DeepSeek MTP: SGLang's DraftBackendFactory ----
 STEPS = 3  # speculative_num_steps: the draft worker runs STEPS - 1 decode forwards
 
