@@ -27,7 +27,7 @@ def model_config(heads, **over):
     hf = PretrainedConfig()
     return SimpleNamespace(num_attention_heads=heads, attention_arch=AttentionArch.MLA,
                            hf_config=hf, hf_text_config=hf, linear_attn_registry_result=None,
-                           **{**DEEPSEEK, **over})
+                           context_len=4096, **{**DEEPSEEK, **over})
 
 
 def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_dim=64,

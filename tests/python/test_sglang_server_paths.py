@@ -317,10 +317,11 @@ def _merge_state_cpu(o_a, lse_a, o_b, lse_b, out=None, out_lse=None):
     return out, out_lse
 
 
-def run_module(name, case, mode, q_lens, prefix=None):
+def run_module(name, case, mode, q_lens, prefix=None, server_args=None):
     """The layer's forward(positions, hidden_states, forward_batch) as DeepseekV2DecoderLayer
-    calls it, inside SGLang's forward context with the backend SGLang builds for `name`, on a
-    fresh copy of the case's KV pool; returns (output, the pool's rows afterwards)."""
+    calls it, inside SGLang's forward context with the backend ModelRunner builds for `name`
+    (or for server_args), on a fresh copy of the case's KV pool; returns (output, the pool's
+    rows afterwards)."""
     from sglang.srt.utils import BumpAllocator
     runner = env.runner(case, heads=H)
     fb = env.batch(case, mode, q_lens, prefix=prefix)
@@ -331,7 +332,8 @@ def run_module(name, case, mode, q_lens, prefix=None):
         positions = torch.cat([torch.arange(s - q, s) for s, q in zip(seq.tolist(), q_lens)])
     hidden = (torch.randn(len(positions), HIDDEN, generator=torch.Generator().manual_seed(1))
               ).to(torch.bfloat16)
-    with published(attention_backend=name, device="cpu"), torch.inference_mode():
+    server_args = server_args or {"attention_backend": name}
+    with published(device="cpu", **server_args), torch.inference_mode():
         be = model_runner_backend(runner)
         be.init_forward_metadata(fb)
         with forward_context(ForwardContext(attn_backend=be)):
@@ -432,3 +434,39 @@ def test_deepseek_attention_module_draft_decode_from_the_factory(module_env, nam
             assert oracle.rel_err(out, ref) < 1e-2, f"draft step {i}"
             assert torch.equal(runner.token_to_kv_pool.kv_buffer[0],
                                ref_runner.token_to_kv_pool.kv_buffer[0])
+
+
+def test_split_prefill_and_decode_names(module_env, monkeypatch):
+    """--prefill-attention-backend mla_chunked --decode-attention-backend mla_paged: the gate
+    reads the prefill half, ModelRunner builds SGLang's HybridAttnBackend over the two, and the
+    DeepSeek layer takes chunked-prefix MHA through mla_chunked for a prefix extend and absorbed
+    MLA through mla_paged for a decode, matching torch_native."""
+    from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
+    from sglang.srt.models.deepseek_common.attention_backend_handler import (
+        AttentionBackendRegistry)
+    split = {"prefill_attention_backend": "mla_chunked", "decode_attention_backend": "mla_paged"}
+    case, q_lens, prefix = prefix_case()
+    with published(**split):
+        misc_utils.maybe_disable_chunked_prefix_cache(use_mla_backend=True,
+                                                      is_draft_worker=False)
+        assert get_schedule().disable_chunked_prefix_cache is False
+        be = model_runner_backend(env.runner(case, heads=H))
+        assert isinstance(be, HybridAttnBackend)
+        assert isinstance(be.prefill_backend, plugin.BACKEND_CLASSES["mla_chunked"])
+        assert isinstance(be.decode_backend, plugin.BACKEND_CLASSES["mla_paged"])
+    taken = []
+    for name in ("mla_chunked", "mla_paged"):
+        def handler(attn, fb, name=name):
+            taken.append((name, plugin.deepseek_forward_method(attn, fb)))
+            return taken[-1][1]
+
+        monkeypatch.setitem(AttentionBackendRegistry._handlers, name, handler)
+    decode = PagedCase(page_size=P, kv_lens=[9, 30, 17], q_lens=[1] * 3, heads=H,
+                       layout="interleaved", seed=4)
+    for c, mode, ql, pre in ((case, "extend", q_lens, prefix), (decode, "decode", [1] * 3, None)):
+        out, rows = run_module(None, c, mode, ql, pre, server_args=split)
+        ref, ref_rows = run_module("torch_native", c, mode, ql, pre)
+        assert oracle.rel_err(out, ref) < 1e-2
+        assert torch.equal(rows, ref_rows)
+    assert taken == [("mla_chunked", AttnForwardMethod.MHA_CHUNKED_KV),
+                     ("mla_paged", AttnForwardMethod.MLA)]
