@@ -367,7 +367,8 @@ METHODS = {"absorbed": AttnForwardMethod.MLA, "mha": AttnForwardMethod.MHA,
 @pytest.mark.parametrize("mode,q_lens,prefix,paged_method", [
     ("decode", [1, 1, 1], None, "absorbed"),
     ("extend", [5, 3, 2], [0, 0, 0], "mha"),  # no cached prefix: ragged MHA
-    ("extend", [4, 2, 3], [17, 1, 30], "absorbed")])  # short prefixes: paged_mla absorbed
+    ("extend", [4, 2, 3], [17, 1, 30], "absorbed"),  # short prefixes: paged_mla absorbed
+    ("draft_extend", [3, 3, 3], None, "absorbed")])  # MTP's draft extend after verify
 def test_deepseek_attention_module_matches_sglang_torch_native(module_env, monkeypatch, name,
                                                                mode, q_lens, prefix,
                                                                paged_method):
@@ -375,7 +376,8 @@ def test_deepseek_attention_module_matches_sglang_torch_native(module_env, monke
     projections, RoPE, latent write, then absorbed MLA, ragged MHA or chunked-prefix MHA with
     kv_b_proj up-projection and merge_state, o_proj) over an mla backend, against the same
     layer, weights and batch over SGLang's torch_native backend: same output, same new rows in
-    the KV pool. chunked_mla / ondemand_mla take chunked-prefix MHA for the prefix batch."""
+    the KV pool. chunked_mla / ondemand_mla take chunked-prefix MHA for the prefix batch; the
+    draft extend (DRAFT_EXTEND_V2) is absorbed."""
     from sglang.srt.models.deepseek_common.attention_backend_handler import (
         AttentionBackendRegistry)
     kv = [q + (p if prefix is not None else 20 + 7 * b) for b, (q, p) in
