@@ -88,10 +88,15 @@ def check_interface() -> None:
                "AttentionBackendRegistry"),
               ("sglang.srt.server_args", "CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS"),
               ("sglang.srt.server_args", "add_chunked_prefix_cache_attention_backend"),
-              ("sglang.srt.speculative.draft_utils", "DraftBackendFactory"))
+              ("sglang.srt.speculative.draft_utils", "DraftBackendFactory"),
+              ("sglang.srt.runtime_context", "get_schedule"))
     missing = first_missing(needed)
     if missing is not None:
         refuse(f"{missing} is missing")
+    from sglang.srt.runtime_context import get_context
+    if not callable(getattr(get_context(), "is_config_namespace_published", None)):
+        refuse("sglang.srt.runtime_context.RuntimeContext.is_config_namespace_published is "
+               "missing (mla reads the resolved disable_chunked_prefix_cache)")
     hooks = {"init_forward_metadata_out_graph": ["forward_batch", "in_capture"],
              "init_forward_metadata_in_graph": ["forward_batch"],
              "forward": ["q", "k", "v", "layer", "forward_batch", "save_kv_cache"],
