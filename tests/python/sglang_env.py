@@ -7,7 +7,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from transformers import PretrainedConfig
 
+from sglang.srt.configs.model_config import AttentionArch
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
@@ -19,11 +21,18 @@ DEEPSEEK = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_h
 
 
 def model_config(heads, **over):
-    return SimpleNamespace(num_attention_heads=heads, **{**DEEPSEEK, **over})
+    # attention_arch, hf_config / hf_text_config, linear_attn_registry_result: what SGLang's
+    # backend construction (build_attention_backends, attn_backend_wrapper) and draft factory
+    # inspect (a DeepSeek config is none of the hybrid / wrapped model classes).
+    hf = PretrainedConfig()
+    return SimpleNamespace(num_attention_heads=heads, attention_arch=AttentionArch.MLA,
+                           hf_config=hf, hf_text_config=hf, linear_attn_registry_result=None,
+                           context_len=4096, **{**DEEPSEEK, **over})
 
 
 def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_dim=64,
-           disable_chunked_prefix_cache=False, tp_size=1, **cfg_over):
+           disable_chunked_prefix_cache=False, tp_size=1, draft_attention_backend=None,
+           **cfg_over):
     P = case.page_size
     pool = MLATokenToKVPool(case.num_slots, P, pool_dtype or kv_cache_dtype, 512, rope_dim, 1,
                             "cpu", False)
@@ -34,7 +43,9 @@ def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_
     rpool.req_to_token[:rows] = case.req_to_token
     return SimpleNamespace(
         model_config=model_config(heads * tp_size, **cfg_over), tp_size=tp_size, page_size=P,
-        device="cpu", kv_cache_dtype=kv_cache_dtype, token_to_kv_pool=pool,
+        device="cpu", kv_cache_dtype=kv_cache_dtype, token_to_kv_pool=pool, use_mla_backend=True,
+        is_draft_worker=draft_attention_backend is not None,
+        draft_attention_backend=draft_attention_backend,
         req_to_token_pool=rpool,
         kv_index_translator=KVIndexTranslator(
             req_to_token=rpool.req_to_token, token_to_kv_pool_allocator=None,
@@ -52,10 +63,11 @@ def new_slots(case, q_lens):
     return torch.cat([case.slots(b)[-q:] for b, q in enumerate(q_lens)]).to(torch.int64)
 
 
-def batch(case, mode, q_lens, *, prefix=None, spec_info=None):
+def batch(case, mode, q_lens, *, prefix=None, spec_info=None, kv_lens=None):
     """A real ForwardBatch. decode / target_verify / draft_extend / extend: the kv lengths are
-    case.kv_lens (for target_verify seq_lens excludes the draft tokens, as SGLang's)."""
-    kv = torch.tensor(case.kv_lens, dtype=torch.int32)
+    case.kv_lens, or kv_lens (for target_verify seq_lens excludes the draft tokens, as
+    SGLang's)."""
+    kv = torch.tensor(case.kv_lens if kv_lens is None else kv_lens, dtype=torch.int32)
     q = torch.tensor(q_lens, dtype=torch.int32)
     fm = getattr(ForwardMode, mode.upper()) if mode != "draft_extend" else ForwardMode.DRAFT_EXTEND_V2
     seq = kv - q if mode == "target_verify" else kv

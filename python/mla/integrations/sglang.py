@@ -8,7 +8,16 @@
   - tells DeepSeek's model code about them, as SGLang does for flashinfer / trtllm_mla: the names
     join FORWARD_ABSORB_CORE_ATTENTION_BACKENDS (the split call q_nope/q_rope, k/k_rope) and
     AttentionBackendRegistry gets a handler that asks mla's plan of the batch which forward
-    method the layer takes (MHA, chunked-prefix MHA or absorbed MLA), so model and backend agree.
+    method the layer takes (MHA, chunked-prefix MHA or absorbed MLA), so model and backend agree;
+  - adds the names to CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
+    (add_chunked_prefix_cache_attention_backend), which ModelRunner's load-time gate
+    (model_runner_components/misc_utils.maybe_disable_chunked_prefix_cache) reads: without
+    them the gate turns disable_chunked_prefix_cache on for any model served by an mla name;
+  - lets SGLang's DraftBackendFactory (speculative/draft_utils.py: EAGLE / DeepSeek MTP) build
+    mla's backends for the draft worker: its per-method name maps are local dicts handed to
+    DraftBackendFactory._create_backend, so register() wraps that method to add mla's names
+    (the draft decode gets MLAMultiStepDraftBackend, one backend per draft step; the draft
+    extend gets the family's backend). Every other name goes to SGLang's own code unchanged.
 
 The backend classes subclass SGLang's own AttentionBackend (inheriting `forward`, which dispatches
 idle / decode / extend, and every default flag) and mla.Backend (planning and running through
@@ -18,13 +27,17 @@ set_mla_kv_buffer with KVWriteLoc.for_batch(forward_batch). Planning happens in
 init_forward_metadata_out_graph (host work, before capture and before each replay);
 init_forward_metadata_in_graph records nothing. Heads per rank: num_attention_heads divided by
 SGLang's attention TP size (DP attention included), checked against each layer's tp_q_head_num.
+disable_chunked_prefix_cache is SGLang's resolved value (get_schedule(), after the load-time
+gate), the one DeepSeek's model code reads, not the raw server argument.
 
 Importing this module does not need sglang; `register()` and the classes do (BACKEND_CLASSES is
 empty without it). `import mla` never imports this module.
 """
 from __future__ import annotations
 
+import functools
 import inspect
+from typing import Optional
 
 import torch
 
@@ -72,10 +85,18 @@ def check_interface() -> None:
               ("sglang.srt.server_args", "ATTENTION_BACKEND_CHOICES"),
               ("sglang.srt.models.deepseek_common.utils", "FORWARD_ABSORB_CORE_ATTENTION_BACKENDS"),
               ("sglang.srt.models.deepseek_common.attention_backend_handler",
-               "AttentionBackendRegistry"))
+               "AttentionBackendRegistry"),
+              ("sglang.srt.server_args", "CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS"),
+              ("sglang.srt.server_args", "add_chunked_prefix_cache_attention_backend"),
+              ("sglang.srt.speculative.draft_utils", "DraftBackendFactory"),
+              ("sglang.srt.runtime_context", "get_schedule"))
     missing = first_missing(needed)
     if missing is not None:
         refuse(f"{missing} is missing")
+    from sglang.srt.runtime_context import get_context
+    if not callable(getattr(get_context(), "is_config_namespace_published", None)):
+        refuse("sglang.srt.runtime_context.RuntimeContext.is_config_namespace_published is "
+               "missing (mla reads the resolved disable_chunked_prefix_cache)")
     hooks = {"init_forward_metadata_out_graph": ["forward_batch", "in_capture"],
              "init_forward_metadata_in_graph": ["forward_batch"],
              "forward": ["q", "k", "v", "layer", "forward_batch", "save_kv_cache"],
@@ -90,6 +111,14 @@ def check_interface() -> None:
             refuse(f"AttentionBackend.{name} takes {params}, not {args}")
     if not callable(getattr(_KVWriteLoc, "for_batch", None)):
         refuse("sglang.srt.mem_cache.memory_pool.KVWriteLoc.for_batch is missing")
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+    create = getattr(DraftBackendFactory, "_create_backend", None)
+    create = getattr(create, "__wrapped__", create)  # register() wraps it
+    args = ["backend_name", "backend_map", "error_template", "stamps_children"]
+    params = [p for p in inspect.signature(create).parameters if p != "self"] if create else None
+    if params != args:
+        refuse(f"DraftBackendFactory._create_backend takes {params}, not {args} (mla adds its "
+               "names to the draft worker's backend maps there)")
 
 
 def _attn_tp_size(runner) -> int:
@@ -107,6 +136,21 @@ def _threshold() -> int:
         return int(envs.SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD.get())
     except (ImportError, AttributeError):
         return 8192
+
+
+def _disable_chunked_prefix_cache(runner) -> bool:
+    """SGLang's resolved disable_chunked_prefix_cache (get_schedule(): the server argument after
+    ModelRunner's load-time gate maybe_disable_chunked_prefix_cache), the value DeepSeek's model
+    code reads; the runner's raw server argument only where no config is published (a runner
+    built outside an SGLang process)."""
+    try:
+        from sglang.srt.runtime_context import get_context, get_schedule
+        if get_context().is_config_namespace_published("schedule"):
+            return bool(get_schedule().disable_chunked_prefix_cache)
+    except ImportError:
+        pass
+    args = getattr(runner, "server_args", None)
+    return bool(getattr(args, "disable_chunked_prefix_cache", False))
 
 
 def backend_options(runner, family: str) -> dict:
@@ -134,8 +178,7 @@ def backend_options(runner, family: str) -> dict:
                 kv_cache_dtype=kv_dtype,
                 max_batch=int(getattr(args, "max_running_requests", None) or 256),
                 mha_prefix_threshold=_threshold(),
-                disable_chunked_prefix_cache=bool(
-                    getattr(args, "disable_chunked_prefix_cache", False)))
+                disable_chunked_prefix_cache=_disable_chunked_prefix_cache(runner))
 
 
 if _SGLangBase is not None:
@@ -143,10 +186,13 @@ if _SGLangBase is not None:
         """One mla family as an SGLang AttentionBackend (subclasses set `family`)."""
         family = "paged_mla"
 
-        def __init__(self, model_runner, skip_prefill: bool = False, **_):
+        def __init__(self, model_runner, skip_prefill: bool = False,
+                     draft_step: Optional[int] = None, **_):
             Backend.__init__(self, self.family, **backend_options(model_runner, self.family),
                              token_to_kv_pool=model_runner.token_to_kv_pool,
                              req_to_token_pool=model_runner.req_to_token_pool)
+            # Step i of an EAGLE draft decode (MLAMultiStepDraftBackend), else None.
+            self.draft_step = draft_step
             self.data_type = self.kv_cache_dtype
             # SGLang's chunked-prefix code reads the translator off the backend. mla reads
             # req_to_token in place, so it serves pools whose ids need no translation.
@@ -172,7 +218,18 @@ if _SGLangBase is not None:
             if mode == "target_verify" and int(getattr(spec, "topk", 1) or 1) > 1:
                 raise ValueError(f"forward_batch.spec_info.topk = {spec.topk}: {self.name} "
                                  "verifies chains of draft tokens (causal), not trees (topk 1)")
-            return Backend._lengths(self, forward_batch, mode)
+            lengths = Backend._lengths(self, forward_batch, mode)
+            if self.draft_step is None or mode == "idle":
+                return lengths
+            if mode != "decode":
+                raise ValueError(f"forward_batch.forward_mode = {forward_batch.forward_mode!r}: "
+                                 f"draft step {self.draft_step} of {self.name} plans the draft "
+                                 "worker's decode batches only")
+            # SGLang's draft decode batch keeps seq_lens at the committed length; step i's
+            # token sees the i + 1 draft tokens written past it (prepare_for_draft writes
+            # them at req_to_token[row, seq_len:seq_len + steps]).
+            seq, q_lens, kv_lens, prefix = lengths
+            return seq, q_lens, kv_lens + (self.draft_step + 1), prefix
 
         def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
             return None  # chain verify: no tree mask or positions to refill
@@ -193,6 +250,76 @@ if _SGLangBase is not None:
                        "mla_ondemand": MLAOndemandAttnBackend}
 else:
     BACKEND_CLASSES = {}
+
+
+class MLAMultiStepDraftBackend:
+    """The EAGLE / MTP draft worker's decode for one mla name, in the form SGLang's draft worker
+    drives (as FlashMLAMultiStepDraftBackend): attn_backends[i] serves draft step i (the worker
+    runs step i inside forward_context(attn_backend=attn_backends[i])); the container plans
+    every step. Chains only (speculative_eagle_topk 1), as mla's target-verify."""
+    needs_cpu_seq_lens = True  # mla plans on the host from seq_lens_cpu
+
+    def __init__(self, model_runner, topk: int, speculative_num_steps: int, name: str):
+        if name not in BACKEND_CLASSES:
+            raise ValueError(f"name = {name!r}: one of {', '.join(BACKENDS)} (with sglang "
+                             "installed)")
+        if int(topk) != 1:
+            raise ValueError(f"speculative_eagle_topk = {topk}: {name} drafts and verifies "
+                             "chains of draft tokens (topk 1), not trees")
+        self.name = name
+        self.topk = int(topk)
+        self.speculative_num_steps = int(speculative_num_steps)
+        self.attn_backends = [BACKEND_CLASSES[name](model_runner, draft_step=i)
+                              for i in range(self.speculative_num_steps - 1)]
+        self.attn_backend_list = self.attn_backends
+        self.kv_index_translator = getattr(model_runner, "kv_index_translator", None)
+
+    def init_forward_metadata(self, forward_batch):
+        for backend in self.attn_backends:
+            backend.init_forward_metadata(forward_batch)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        for backend in self.attn_backends:
+            backend.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        for backend in self.attn_backends:
+            backend.init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        for backend in self.attn_backends:
+            backend.init_forward_metadata_in_graph(forward_batch)
+
+
+def _draft_entry(factory, name: str, multi_step: bool):
+    """A DraftBackendFactory map entry: (stamp, backend) for the draft runner."""
+    runner = factory.draft_model_runner
+    if multi_step:
+        return name, MLAMultiStepDraftBackend(runner, factory.topk,
+                                              factory.speculative_num_steps, name)
+    return name, BACKEND_CLASSES[name](runner)
+
+
+def _install_draft_backends() -> None:
+    """Wraps DraftBackendFactory._create_backend (idempotent) so that its backend maps know
+    mla's names. SGLang 0.5.23 passes stamps_children=True from create_decode_backend, whose
+    entries are multi-step containers, and False from create_draft_extend_backend."""
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+    original = DraftBackendFactory._create_backend
+    if getattr(original, "_mla_names", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def _create_backend(self, backend_name, backend_map, error_template,
+                        stamps_children=False):
+        backend_map = dict(backend_map)
+        for name in BACKENDS:
+            backend_map.setdefault(name, functools.partial(_draft_entry, self, name,
+                                                           bool(stamps_children)))
+        return original(self, backend_name, backend_map, error_template, stamps_children)
+
+    _create_backend._mla_names = tuple(BACKENDS)
+    DraftBackendFactory._create_backend = _create_backend
 
 
 def deepseek_forward_method(attn, forward_batch):
@@ -228,7 +355,10 @@ def register() -> None:
     from sglang.srt.models.deepseek_common.attention_backend_handler import (
         AttentionBackendRegistry)
     from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
-    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.server_args import (ATTENTION_BACKEND_CHOICES,
+                                        CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS,
+                                        add_attention_backend_choices,
+                                        add_chunked_prefix_cache_attention_backend)
 
     add_attention_backend_choices([n for n in BACKENDS if n not in ATTENTION_BACKEND_CHOICES])
     for name in BACKENDS:
@@ -236,3 +366,6 @@ def register() -> None:
         AttentionBackendRegistry.register(name, deepseek_forward_method)
         if name not in FORWARD_ABSORB_CORE_ATTENTION_BACKENDS:
             FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.append(name)
+        if name not in CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS:
+            add_chunked_prefix_cache_attention_backend(name)
+    _install_draft_backends()
