@@ -20,21 +20,14 @@ StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DT
     return unsupported("cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
                        dtype_name(cache_dtype));
   }
-  // The kernel depends on the head count and the cache alone (never on q_len or the page), so a
-  // captured graph replays the right kernel after any re-plan. More than 64 heads (128: DeepSeek
-  // with data-parallel attention; every request is two or more 64-row tiles, so decode is bound
-  // by the tensor cores): the seesaw kernel, whose two warpgroups share S and P V. Otherwise,
-  // and for fp8 (converted to bf16 in shared memory), the kernel whose warpgroup 0 does S and
-  // warpgroup 1 loads. TMA boxes of 64 key rows for pages of 64 and more, cp.async gathers below.
+  // One kernel for both caches (an fp8 tile is converted to bf16 in shared memory after it
+  // lands); TMA boxes of 64 key rows for pages of 64 and more, cp.async gathers below.
   const bool fp8 = cache_dtype == DType::kFP8E4M3;
   const bool tma = page_size >= kTmaBoxRows;
-  const bool seesaw = !fp8 && num_heads >= kSeesawMinHeads;
-  c.kernel = fp8 ? AbsorbedKernel::kSm90Fp8
-                 : (seesaw ? AbsorbedKernel::kSm90Seesaw : AbsorbedKernel::kSm90);
+  c.kernel = fp8 ? AbsorbedKernel::kSm90Fp8 : AbsorbedKernel::kSm90;
   c.tma_box_rows = tma ? kTmaBoxRows : 0;
-  c.name = fp8      ? (tma ? "sm90 wgmma, fp8, TMA" : "sm90 wgmma, fp8, cp.async")
-           : seesaw ? (tma ? "sm90 seesaw, TMA" : "sm90 seesaw, cp.async")
-                    : (tma ? "sm90 wgmma, TMA" : "sm90 wgmma, cp.async");
+  c.name = fp8 ? (tma ? "sm90 wgmma, fp8, TMA" : "sm90 wgmma, fp8, cp.async")
+               : (tma ? "sm90 wgmma, TMA" : "sm90 wgmma, cp.async");
   return c;
 }
 

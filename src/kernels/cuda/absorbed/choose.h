@@ -18,10 +18,6 @@ namespace mla::cuda::absorbed {
 inline constexpr int kMaxHeads = ::mla::kMaxHeads;
 inline bool supported_head_count(int num_heads) { return num_heads >= 1 && num_heads <= kMaxHeads; }
 
-// Head counts from which the bf16 cache decodes through the seesaw kernel (seesaw.cuh): requests
-// of two or more 64-row tiles per query token.
-inline constexpr int kSeesawMinHeads = 65;
-
 struct KernelChoice {
   AbsorbedKernel kernel = AbsorbedKernel::kSm90;
   // Rows (token x head) of one tile: the smallest of 16 / 32 / 64 holding num_heads x q_len

@@ -31,9 +31,6 @@ LaunchResult launch_attention(const AbsorbedParams& params, int num_ctas, cudaSt
     case AbsorbedKernel::kSm90Fp8:
       return launch_one<absorbed_attention_sm90_kernel<true>, kSm90SmemBytes>(
           "launch of absorbed_attention_sm90_kernel<true>", params, num_ctas, stream);
-    case AbsorbedKernel::kSm90Seesaw:
-      return launch_one<absorbed_decode_seesaw_kernel, kSeesawSmemBytes>(
-          "launch of absorbed_decode_seesaw_kernel", params, num_ctas, stream);
   }
   return {cudaErrorInvalidValue, "absorbed attention: unknown kernel"};
 }

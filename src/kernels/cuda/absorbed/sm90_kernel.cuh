@@ -4,15 +4,12 @@
 //     different roles, TMA key loads when the plan header says so (pages of 64 and more).
 //   absorbed_attention_sm90_kernel<true>: the same over an fp8 e4m3 cache (each tile converted to
 //     bf16 in shared memory after it lands).
-//   absorbed_decode_seesaw_kernel (seesaw.cuh, sm_90a): bf16 cache, more than 64 heads; the
-//     warpgroups take turns at S of a pair of key tiles and each does half of every P V.
 //   absorbed_combine_kernel (combine.cuh): merges the partials of split tiles.
 // Each entry is its own kernel, so neither constrains the other's register allocation, and no
 // wgmma pipeline crosses a function call.
 #pragma once
 
 #include "kernels/cuda/absorbed/combine.cuh"
-#include "kernels/cuda/absorbed/seesaw.cuh"
 #include "kernels/cuda/absorbed/sm90_ws.cuh"
 
 namespace mla::cuda::absorbed {
@@ -32,16 +29,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
   if (static_cast<int>(blockIdx.x) >= h.num_ctas) return;
   wg::tile64_ws<kFp8>(p, align_1024(sm90_smem));
-}
-
-inline constexpr int kSeesawSmemBytes = seesaw::kSmemBytes;
-
-__global__ void __launch_bounds__(kThreads, 1)
-    absorbed_decode_seesaw_kernel(const __grid_constant__ AbsorbedParams p) {
-  extern __shared__ __align__(1024) unsigned char seesaw_smem[];
-  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
-  if (static_cast<int>(blockIdx.x) >= h.num_ctas) return;
-  seesaw::decode_seesaw(p, align_1024(seesaw_smem));
 }
 
 }  // namespace mla::cuda::absorbed
