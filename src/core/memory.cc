@@ -75,6 +75,11 @@ StatusOr<void*> DeviceRuntime::malloc_host(std::size_t bytes) {
 
 void DeviceRuntime::free_host(void* p) { std::free(p); }
 
+StatusOr<ComputeCapability> DeviceRuntime::compute_capability(int index) const {
+  return unsupported("{} device {} has no compute capability",
+                     type() == DeviceType::kCpu ? "a cpu" : "this", index);
+}
+
 namespace {
 
 struct RuntimeTable {

@@ -76,6 +76,26 @@ int sm_count(int device) {
 
 namespace {
 
+// Compute capability of a device, read once per device (it cannot change while the process
+// runs); {-1, -1} when the driver does not answer.
+ComputeCapability device_capability(int device) {
+  static std::mutex mu;
+  static std::vector<ComputeCapability> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) return {-1, -1};
+  if (static_cast<std::size_t>(device) >= cache.size()) cache.resize(device + 1, {-2, -2});
+  if (cache[device].major == -2) {
+    int major = -1, minor = -1;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      cudaGetLastError();
+      major = minor = -1;
+    }
+    cache[device] = {major, minor};
+  }
+  return cache[device];
+}
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   CudaRuntime() {
@@ -146,6 +166,17 @@ class CudaRuntime final : public DeviceRuntime {
   int multiprocessor_count(int index) const override {
     if (index < 0 || index >= count_) return 0;
     return sm_count(index);
+  }
+  StatusOr<ComputeCapability> compute_capability(int index) const override {
+    if (index < 0 || index >= count_) {
+      return unsupported("cuda:{} is not present ({} cuda devices)", index, count_);
+    }
+    const ComputeCapability c = device_capability(index);
+    if (c.major < 0) {
+      return make_status(StatusCode::kCudaError,
+                         "cudaDeviceGetAttribute(compute capability) of cuda:{} failed", index);
+    }
+    return c;
   }
 
   StatusOr<void*> malloc_host(std::size_t bytes) override {
