@@ -13,9 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ._ops import ops
-
-LATENT_DIM = 576  # kv_lora_rank 512 + qk_rope_dim 64
-KV_LORA_RANK = 512
+from .support import KV_LORA_RANK, LATENT_DIM  # noqa: F401  (576 = 512 + 64, from the library)
 
 
 def _device(d) -> torch.device:
