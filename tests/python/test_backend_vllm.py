@@ -114,6 +114,7 @@ def test_reports_gpus_without_mla_kernels_unsupported(backend):
     # picks another backend.
     from vllm.platforms.interface import DeviceCapability
     assert backend.supports_compute_capability(DeviceCapability(9, 0))
+    assert not backend.supports_compute_capability(None)
     for major, minor in ((8, 0), (8, 9), (10, 0), (12, 0)):
         cap = DeviceCapability(major, minor)
         assert not backend.supports_compute_capability(cap)

@@ -3,6 +3,8 @@
 // without a GPU or driver reports device_count 0 and never crashes.
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -77,23 +79,25 @@ int sm_count(int device) {
 namespace {
 
 // Compute capability of a device, read once per device (it cannot change while the process
-// runs); {-1, -1} when the driver does not answer.
+// runs) and then read without a lock: the GPU check asks it before every cuda op run. Entries
+// hold major * 1000 + minor + 1 (0: not read yet); {-1, -1} when the driver does not answer.
+constexpr int kCapabilityDevices = 64;
+
 ComputeCapability device_capability(int device) {
-  static std::mutex mu;
-  static std::vector<ComputeCapability> cache;
-  std::lock_guard<std::mutex> lock(mu);
+  static std::array<std::atomic<int>, kCapabilityDevices> cache{};
   if (device < 0) return {-1, -1};
-  if (static_cast<std::size_t>(device) >= cache.size()) cache.resize(device + 1, {-2, -2});
-  if (cache[device].major == -2) {
+  int packed = device < kCapabilityDevices ? cache[device].load(std::memory_order_acquire) : 0;
+  if (packed == 0) {
     int major = -1, minor = -1;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
       cudaGetLastError();
-      major = minor = -1;
+      return {-1, -1};  // not cached: asked again next time
     }
-    cache[device] = {major, minor};
+    packed = major * 1000 + minor + 1;
+    if (device < kCapabilityDevices) cache[device].store(packed, std::memory_order_release);
   }
-  return cache[device];
+  return {(packed - 1) / 1000, (packed - 1) % 1000};
 }
 
 class CudaRuntime final : public DeviceRuntime {

@@ -91,6 +91,8 @@ class MlaPagedBackend(MLACommonBackend):
     def supports_compute_capability(cls, capability) -> bool:
         """The C++ library's GPU rule (mla.support.capability_refusal): mla's kernels are built
         for sm_90a, so compute capability 9.0 only; vLLM then picks another backend elsewhere."""
+        if capability is None:  # no GPU known: mla's CUDA kernels cannot be promised
+            return False
         return support.capability_refusal(capability.major, capability.minor) is None
 
     @classmethod
