@@ -412,6 +412,14 @@ std::vector<std::string> cache_dtypes() {
   return out;
 }
 
+// Raises ValueError "<field> = <page_size> is not served (mla serves page sizes ...)" unless the
+// page size is one of kPageSizes (mla::check_page_size).
+void check_page_size(int64_t page_size, const std::string& field) {
+  TORCH_CHECK_VALUE(page_size >= INT32_MIN && page_size <= INT32_MAX,
+                    "mla.check_page_size: ", field, " = ", page_size, " is out of range");
+  throw_if_error(mla::check_page_size(static_cast<int>(page_size), field), "check_page_size");
+}
+
 // The compute capability of a cuda device, [major, minor], by the library's query (the cuda
 // runtime, or the fake a test installed with set_fake_compute_capability).
 std::vector<int64_t> compute_capability(c10::Device device) {
@@ -490,6 +498,7 @@ TORCH_LIBRARY(mla, m) {
   m.def("model_dims() -> int[]", &model_dims);
   m.def("page_sizes() -> int[]", &page_sizes);
   m.def("cache_dtypes() -> str[]", &cache_dtypes);
+  m.def("check_page_size(int page_size, str field) -> ()", &check_page_size);
   m.def("compute_capability(Device device) -> int[]", &compute_capability);
   m.def("cuda_capability_refusal(int major, int minor, str device) -> str",
         &cuda_capability_refusal);

@@ -79,6 +79,13 @@ def test_backend_refuses_a_pool_of_another_page_size_when_built():
                 token_to_kv_pool=pool)
 
 
+@pytest.mark.parametrize("page_size", [8, 256])
+def test_absorbed_plan_refuses_an_unserved_page_size_when_built(page_size):
+    # The plan holder of the FlashMLA / FlashInfer forms and of vLLM's builder.
+    with pytest.raises(ValueError, match=rf"page_size = {page_size} {SERVED}"):
+        AbsorbedPlan("cpu", 16, page_size, max_batch=1, max_q_tokens=1)
+
+
 def test_check_backend_config_is_the_cpp_rule():
     support.check_backend_config("x", "cpu", 16, 64, torch.float8_e4m3fn)  # served: no error
     with pytest.raises(ValueError, match=rf"mla\.check_backend_config: InvalidArgument: x: "
