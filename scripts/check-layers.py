@@ -20,7 +20,7 @@ import sys
 PUBLIC_LOW = ["mla/types.h", "mla/status.h", "mla/tensor.h", "mla/memory.h", "mla/batch.h",
               "mla/forward_method.h",
               "mla/kv_pool.h", "mla/model.h", "mla/ops.h", "mla/workspace.h",
-              "mla/fault_injection.h", "mla/upload_staging.h"]
+              "mla/fault_injection.h", "mla/upload_staging.h", "mla/gpu_support.h"]
 PUBLIC_ALL = ["mla/"]
 RULES = {
     "include/mla": PUBLIC_ALL,  # public headers (checked by name below)

@@ -188,6 +188,18 @@ struct BackendContext {
 StatusOr<ForwardMethod> family_forward_method(std::string_view name, const BackendOptions& options,
                                               const ForwardBatch& batch);
 
+// Everything a backend can know when it is built, checked before it is, by the one function the
+// C++ backends (at construction) and the Python adapters (torch.ops.mla.check_backend_config,
+// over an engine's own pools) both call: the model shape (ModelDims::validate: head count and
+// MLA dims), the kv pool's page size and cache dtype (check_page_size, check_cache_dtype), the
+// op set of options.device (options.op_set, or the device's default) and whether it has code for
+// that device (check_op_set_device: a GPU of another compute capability is refused), and that
+// the set's absorbed op serves (heads, page size, dtype), so nothing is refused later at the
+// first decode. `who` prefixes each message, which names the field, its value and what is
+// served. Returns the op set.
+StatusOr<const OpSet*> check_backend_config(const BackendOptions& options, int page_size,
+                                            DType cache_dtype, std::string_view who);
+
 using BackendFactory =
     std::function<StatusOr<std::unique_ptr<AttentionBackend>>(const BackendContext&)>;
 

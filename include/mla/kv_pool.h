@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "mla/batch.h"
@@ -14,7 +16,19 @@
 
 namespace mla {
 
-bool is_supported_page_size(int page_size);  // 1, 16, 32, 64, 128
+// The page sizes (tokens per page) mla serves, the one list: every op set and backend serves each
+// of them at full speed and refuses any other size at construction (check_page_size). Python
+// reads it through torch.ops.mla.page_sizes (mla.PAGE_SIZES).
+inline constexpr int kPageSizes[] = {1, 16, 32, 64, 128};
+bool is_supported_page_size(int page_size);  // one of kPageSizes
+std::string page_sizes_text();               // "1, 16, 32, 64, 128"
+// Ok, or kInvalidArgument "<field> = <page_size> is not served (mla serves page sizes 1, 16, ...)".
+Status check_page_size(int page_size, std::string_view field);
+// The latent cache dtypes mla stores: bf16 and fp8 e4m3 (with a per-layer k_scale).
+inline constexpr DType kCacheDTypes[] = {DType::kBF16, DType::kFP8E4M3};
+bool is_supported_cache_dtype(DType dtype);  // one of kCacheDTypes
+// Ok, or kInvalidArgument "<field> = <dtype> is not served (mla stores the latent cache in ...)".
+Status check_cache_dtype(DType dtype, std::string_view field);
 
 // Hands out page ids 1..num_pages (page 0 is the dummy page). Pages are reference counted so a
 // shared prefix can be held by several requests. Running out is kOutOfMemory, never a crash.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mla/gpu_support.h"
 #include "mla/status.h"
 #include "mla/types.h"
 
@@ -43,6 +44,9 @@ class DeviceRuntime {
   }
   virtual Status synchronize(void* stream) = 0;
   virtual int multiprocessor_count(int index) const = 0;  // cpu: hardware threads
+  // The GPU's compute capability (what gpu_support.h's compute_capability() asks); the default
+  // (the cpu) is kUnsupported: a device type without one.
+  virtual StatusOr<ComputeCapability> compute_capability(int index) const;
 
   // Host memory that asynchronous uploads can read (cuda: page-locked; cpu: ordinary memory).
   virtual StatusOr<void*> malloc_host(std::size_t bytes);

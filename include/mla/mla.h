@@ -2,6 +2,7 @@
 #pragma once
 #include "mla/backend.h"
 #include "mla/batch.h"
+#include "mla/gpu_support.h"
 #include "mla/kv_pool.h"
 #include "mla/memory.h"
 #include "mla/model.h"

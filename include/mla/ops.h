@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mla/gpu_support.h"
 #include "mla/status.h"
 #include "mla/tensor.h"
 #include "mla/types.h"
@@ -257,7 +258,16 @@ struct OpSet {
   std::shared_ptr<const KvWriteOp> kv_write;
   std::shared_ptr<const UpProjectOp> up_project;
   std::shared_ptr<const HeadGemmOp> head_gemm;
+  // The GPUs the set's device code is built for (empty: no such restriction, e.g. the cpu set).
+  // OpRegistry::add puts a check in front of every run() of a set that lists some, so the set
+  // refuses a device it has no code for (check_op_set_device) before anything is launched.
+  std::vector<ComputeCapability> compute_capabilities;
 };
+
+// Whether `set` has code for `device`: Ok, or kUnsupported naming the compute capabilities the
+// set is built for and the one `device` has (gpu_support.h's rule). What backends and the torch
+// ops check when they pick a set, and what each run() of a registered set checks first.
+Status check_op_set_device(const OpSet& set, Device device);
 
 class OpRegistry {
  public:

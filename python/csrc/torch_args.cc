@@ -80,7 +80,17 @@ const OpSet& op_set_for(const at::Device& device, std::string_view op) {
   const OpSet* set = OpRegistry::global().default_for(type);
   TORCH_CHECK_VALUE(set != nullptr, "mla.", op, ": this build of mla has no ops for ", device,
                     " (built without CUDA?)");
+  if (device.is_cuda()) throw_if_error(check_op_set_device(*set, library_device(device)), op);
   return *set;
+}
+
+Device library_device(const at::Device& device) {
+  if (!device.is_cuda()) return Device::cpu();
+#ifdef MLA_TORCH_CUDA
+  return Device::cuda(device.has_index() ? device.index() : c10::cuda::current_device());
+#else
+  return Device::cuda(device.has_index() ? device.index() : 0);
+#endif
 }
 
 ExecContext exec_context(const at::Device& device) {

@@ -20,8 +20,13 @@ void throw_if_error(const Status& s, std::string_view op);
 // A view of `t` named `name` (for errors). Any rank up to 4, any strides; undefined -> empty view.
 TensorView to_view(const at::Tensor& t, std::string_view name, std::string_view op);
 
-// The default op set of the tensor's device (raises when that device type is not built in).
+// The default op set of the tensor's device: raises ValueError when that device type is not
+// built in, or when the set has no code for the device's GPU (check_op_set_device: what it
+// needs and what it found), so nothing is planned for or launched on such a GPU.
 const OpSet& op_set_for(const at::Device& device, std::string_view op);
+
+// The library's Device of a torch device (cuda without an index: the current device).
+Device library_device(const at::Device& device);
 
 // Device index guard + torch's current stream of `device` (nullptr stream on cpu).
 ExecContext exec_context(const at::Device& device);

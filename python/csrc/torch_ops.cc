@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,7 +18,10 @@
 #include <vector>
 
 #include "mla/backend.h"
+#include "mla/gpu_support.h"
+#include "mla/kv_pool.h"
 #include "mla/memory.h"
+#include "mla/model.h"
 #include "mla/ops.h"
 #include "mla/upload_staging.h"
 #include "torch_args.h"
@@ -382,6 +387,103 @@ std::string forward_method(const std::string& family, const std::string& mode,
   return std::string(forward_method_name(*m));
 }
 
+// ---- what mla serves: the library's constants and rules, for Python (mla.support) ----
+// [kv_lora_rank, qk_rope_dim, qk_nope_dim, v_head_dim, latent_dim, qk_head_dim, max_heads]
+std::vector<int64_t> model_dims() {
+  return {kKvLoraRank, kQkRopeDim, kQkNopeDim, kVHeadDim, kLatentDim, kQkHeadDim, kMaxHeads};
+}
+
+std::vector<int64_t> page_sizes() { return {std::begin(kPageSizes), std::end(kPageSizes)}; }
+
+// torch's name of a latent cache dtype ("bfloat16"), and back.
+constexpr std::pair<DType, std::string_view> kTorchDtypeNames[] = {
+    {DType::kBF16, "bfloat16"}, {DType::kFP8E4M3, "float8_e4m3fn"}, {DType::kF32, "float32"}};
+
+std::string torch_dtype_name(DType d) {
+  for (const auto& [dtype, name] : kTorchDtypeNames) {
+    if (dtype == d) return std::string(name);
+  }
+  return std::string(dtype_name(d));
+}
+
+std::vector<std::string> cache_dtypes() {
+  std::vector<std::string> out;
+  for (DType d : kCacheDTypes) out.push_back(torch_dtype_name(d));
+  return out;
+}
+
+// Raises ValueError "<field> = <page_size> is not served (mla serves page sizes ...)" unless the
+// page size is one of kPageSizes (mla::check_page_size).
+void check_page_size(int64_t page_size, const std::string& field) {
+  TORCH_CHECK_VALUE(page_size >= INT32_MIN && page_size <= INT32_MAX,
+                    "mla.check_page_size: ", field, " = ", page_size, " is out of range");
+  throw_if_error(mla::check_page_size(static_cast<int>(page_size), field), "check_page_size");
+}
+
+// The compute capability of a cuda device, [major, minor], by the library's query (the cuda
+// runtime, or the fake a test installed with set_fake_compute_capability).
+std::vector<int64_t> compute_capability(c10::Device device) {
+  StatusOr<ComputeCapability> c = mla::compute_capability(library_device(device));
+  throw_if_error(c.status(), "compute_capability");
+  return {c->major, c->minor};
+}
+
+// The GPU rule for a given capability: "" when the cuda op set has code for it, else why not
+// (what it needs, what `device` has). The capabilities are the registered cuda op set's, or, in
+// a build without it, those its kernels are built for (kCudaKernelCapabilities).
+std::string cuda_capability_refusal(int64_t major, int64_t minor, const std::string& device) {
+  const OpSet* set = OpRegistry::global().default_for(DeviceType::kCuda);
+  const std::span<const ComputeCapability> built_for =
+      set != nullptr ? std::span<const ComputeCapability>(set->compute_capabilities)
+                     : std::span<const ComputeCapability>(kCudaKernelCapabilities);
+  const ComputeCapability found{static_cast<int>(major), static_cast<int>(minor)};
+  const Status st =
+      check_compute_capability(set != nullptr ? set->name : "cuda", built_for, found, device);
+  return st.ok() ? std::string() : st.message();
+}
+
+// Test seam (gpu_support.h): every capability query answers (major, minor) until major < 0
+// restores the runtime's. Python tests use it to fake a GPU the library has no code for.
+void set_fake_compute_capability(int64_t major, int64_t minor) {
+  if (major < 0) {
+    set_compute_capability_query(nullptr);
+    return;
+  }
+  const ComputeCapability fake{static_cast<int>(major), static_cast<int>(minor)};
+  set_compute_capability_query([fake](Device d) -> StatusOr<ComputeCapability> {
+    if (!d.is_cuda()) return unsupported("{} has no compute capability", d.to_string());
+    return fake;
+  });
+}
+
+// The construction check of a backend over an engine's own pools (check_backend_config): the
+// head count, page size, cache dtype (torch's name: "torch.bfloat16" or "bfloat16"), the op set
+// of the device and its GPU. Raises ValueError naming the field, its value and what is served.
+void check_backend_config(const std::string& who, c10::Device device, int64_t num_heads,
+                          int64_t page_size, const std::string& kv_cache_dtype) {
+  constexpr std::string_view op = "check_backend_config";
+  std::string_view name = kv_cache_dtype;
+  if (name.starts_with("torch.")) name.remove_prefix(6);
+  const auto* known = std::find_if(std::begin(kTorchDtypeNames), std::end(kTorchDtypeNames),
+                                   [name](const auto& e) { return e.second == name; });
+  if (known == std::end(kTorchDtypeNames) || !is_supported_cache_dtype(known->first)) {
+    std::string served;
+    for (const std::string& d : cache_dtypes())
+      served += (served.empty() ? "torch." : " or torch.") + d;
+    TORCH_CHECK_VALUE(false, "mla.", op, ": ", who, ": kv_cache_dtype = ", kv_cache_dtype,
+                      " is not served (mla stores the latent cache in ", served, ")");
+  }
+  BackendOptions o;
+  o.device = library_device(device);
+  TORCH_CHECK_VALUE(num_heads >= INT32_MIN && num_heads <= INT32_MAX, "mla.", op, ": ", who,
+                    ": num_heads = ", num_heads, " is out of range");
+  TORCH_CHECK_VALUE(page_size >= INT32_MIN && page_size <= INT32_MAX, "mla.", op, ": ", who,
+                    ": page_size = ", page_size, " is out of range");
+  o.model.num_heads = static_cast<int>(num_heads);
+  throw_if_error(
+      mla::check_backend_config(o, static_cast<int>(page_size), known->first, who).status(), op);
+}
+
 }  // namespace
 }  // namespace mla::torch_ops
 
@@ -393,6 +495,18 @@ TORCH_LIBRARY(mla, m) {
       "int mha_prefix_threshold, int chunked_prefix_capacity, bool disable_chunked_prefix_cache, "
       "bool piecewise_cuda_graph, bool batch_invariant) -> str",
       &forward_method);
+  m.def("model_dims() -> int[]", &model_dims);
+  m.def("page_sizes() -> int[]", &page_sizes);
+  m.def("cache_dtypes() -> str[]", &cache_dtypes);
+  m.def("check_page_size(int page_size, str field) -> ()", &check_page_size);
+  m.def("compute_capability(Device device) -> int[]", &compute_capability);
+  m.def("cuda_capability_refusal(int major, int minor, str device) -> str",
+        &cuda_capability_refusal);
+  m.def("set_fake_compute_capability(int major, int minor) -> ()", &set_fake_compute_capability);
+  m.def(
+      "check_backend_config(str who, Device device, int num_heads, int page_size, "
+      "str kv_cache_dtype) -> ()",
+      &check_backend_config);
   m.def("staging_new(Device device) -> int", &staging_new);
   m.def("staging_free(int staging) -> ()", &staging_free);
   m.def("staging_bytes(int staging) -> int[]", &staging_bytes);

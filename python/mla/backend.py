@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import ops as _ops
+from . import support as _support
 
 FAMILIES = ("paged_mla", "chunked_mla", "ondemand_mla")
 # SGLang batch modes no family serves (sparse-prefill, prebuilt and diffusion-LLM batches).
@@ -39,7 +40,10 @@ _MODES = (("idle", "is_idle"), ("target_verify", "is_target_verify"),
 # Keyword arguments of SGLang's forward calls that select features mla does not implement: the
 # call is refused rather than computed without them.
 _UNSUPPORTED_KWARGS = ("attn_sink", "topk_indices", "cos_sin_cache", "sinks")
-LATENT_DIM, ROPE_DIM, QK_HEAD_DIM, V_HEAD_DIM = 576, 64, 192, 128
+# The MLA dims, from the C++ library (mla.support): 576, 512, 64, 192, 128.
+LATENT_DIM, KV_LORA_RANK, ROPE_DIM = (_support.LATENT_DIM, _support.KV_LORA_RANK,
+                                      _support.QK_ROPE_DIM)
+QK_HEAD_DIM, V_HEAD_DIM = _support.QK_HEAD_DIM, _support.V_HEAD_DIM
 
 
 _BY_NAME = {"DECODE": "decode", "EXTEND": "extend", "MIXED": "mixed", "IDLE": "idle",
@@ -90,9 +94,12 @@ class Backend:
                  token_to_kv_pool=None, req_to_token_pool=None):
         if name not in FAMILIES:
             raise ValueError(f"name = {name!r}: one of {', '.join(FAMILIES)}")
-        if kv_cache_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-            raise ValueError(f"kv_cache_dtype = {kv_cache_dtype}: {name} stores the latent cache "
-                             "in torch.bfloat16 or torch.float8_e4m3fn")
+        # Everything knowable now is checked now, by the C++ backends' own rules, so a backend
+        # that would refuse its first decode is never built: the GPU (UnsupportedDevice), then
+        # head count, page size and cache dtype (ValueError naming the field), then the pool.
+        _support.check_device(device, name)
+        _support.check_backend_config(name, _ops._device(device), num_heads, page_size,
+                                      kv_cache_dtype)
         self.name = name
         self.num_heads = int(num_heads)
         self.page_size = int(page_size)
@@ -109,6 +116,8 @@ class Backend:
         # layer's [slots, 1, 576] latent buffer; req_to_token_pool.req_to_token the table.
         self.token_to_kv_pool = token_to_kv_pool
         self.req_to_token_pool = req_to_token_pool
+        if token_to_kv_pool is not None:
+            self._check_pool(token_to_kv_pool)
         self.forward_method = "absorbed"
         self._absorbed: Dict[tuple, _ops.AbsorbedPlan] = {}
         self._mha: Optional[_ops.MhaPlan] = None
@@ -292,22 +301,38 @@ class Backend:
                 raise ValueError(f"layer.{field} = {got}: {self.name} serves DeepSeek MLA "
                                  f"({field} {want} for this call form)")
 
+    def _check_buffer(self, buf, layer_id) -> None:
+        """ValueError naming the pool's buffer when its layout, dtype or device is not the
+        latent cache this backend was built for."""
+        if buf.dim() != 3 or buf.shape[1] != 1 or buf.shape[2] != LATENT_DIM:
+            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer_id}): shape "
+                             f"{tuple(buf.shape)}, expected [slots, 1, {LATENT_DIM}] (an MLA "
+                             f"latent pool: kv_lora_rank {KV_LORA_RANK} + qk_rope_head_dim "
+                             f"{ROPE_DIM})")
+        if buf.dtype != self.kv_cache_dtype:
+            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer_id}): dtype "
+                             f"{buf.dtype}, but {self.name} was built for kv_cache_dtype "
+                             f"{self.kv_cache_dtype}")
+        if buf.device != self.device:
+            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer_id}): device "
+                             f"{buf.device}, backend device {self.device}")
+
+    def _check_pool(self, pool) -> None:
+        """The engine's pool, checked when the backend is built: its page size (when it has
+        one) and its first layer's buffer (layout [slots, 1, 576], dtype, device)."""
+        pool_page = getattr(pool, "page_size", None)
+        if pool_page is not None and int(pool_page) != self.page_size:
+            raise ValueError(f"token_to_kv_pool.page_size = {pool_page}, but {self.name} is "
+                             f"built for page_size {self.page_size}")
+        first = int(getattr(pool, "start_layer", 0) or 0)
+        self._check_buffer(pool.get_key_buffer(first), first)
+
     def _latent_cache(self, layer) -> torch.Tensor:
         pool = self.token_to_kv_pool
         if pool is None:
             raise ValueError(f"{self.name}: token_to_kv_pool is None (the engine's KV pool)")
         buf = pool.get_key_buffer(layer.layer_id)
-        if buf.dim() != 3 or buf.shape[1] != 1 or buf.shape[2] != LATENT_DIM:
-            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer.layer_id}): shape "
-                             f"{tuple(buf.shape)}, expected [slots, 1, {LATENT_DIM}] (an MLA "
-                             "latent pool: kv_lora_rank 512 + qk_rope_head_dim 64)")
-        if buf.dtype != self.kv_cache_dtype:
-            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer.layer_id}): dtype "
-                             f"{buf.dtype}, but {self.name} was built for kv_cache_dtype "
-                             f"{self.kv_cache_dtype}")
-        if buf.device != self.device:
-            raise ValueError(f"token_to_kv_pool.get_key_buffer({layer.layer_id}): device "
-                             f"{buf.device}, backend device {self.device}")
+        self._check_buffer(buf, layer.layer_id)
         return buf.view(buf.shape[0], LATENT_DIM)
 
     def _write_loc(self, forward_batch):
@@ -321,13 +346,13 @@ class Backend:
         if k_rope is None:
             if k.shape[-1] != LATENT_DIM:
                 raise ValueError(f"k: last dimension {k.shape[-1]}, expected {LATENT_DIM} when "
-                                 "k_rope is not given (or 512 with k_rope)")
-            k_rope = k[..., _ops.KV_LORA_RANK:]
-            k = k[..., :_ops.KV_LORA_RANK]
+                                 f"k_rope is not given (or {KV_LORA_RANK} with k_rope)")
+            k_rope = k[..., KV_LORA_RANK:]
+            k = k[..., :KV_LORA_RANK]
         pool = self.token_to_kv_pool
         if hasattr(pool, "set_mla_kv_buffer"):
             pool.set_mla_kv_buffer(layer, self._write_loc(forward_batch),
-                                   k.reshape(-1, 1, _ops.KV_LORA_RANK),
+                                   k.reshape(-1, 1, KV_LORA_RANK),
                                    k_rope.reshape(-1, 1, ROPE_DIM))
             return
         _ops.kv_write(k.reshape(k.shape[0], -1), k_rope.reshape(k_rope.shape[0], -1),
@@ -345,19 +370,19 @@ class Backend:
         self._refuse_kwargs(kwargs)
         if self._plan is None:
             raise RuntimeError(f"{self.name}: init_forward_metadata was not called")
-        self._check_layer(layer, LATENT_DIM, _ops.KV_LORA_RANK)
+        self._check_layer(layer, LATENT_DIM, KV_LORA_RANK)
         T, H = self._tokens, self.num_heads
         if save_kv_cache and k is not None:
             self._save(layer, forward_batch, k, k_rope)
         if q_rope is not None:
-            q = torch.cat([q.reshape(T, H, 512), q_rope.reshape(T, H, ROPE_DIM)], dim=-1)
+            q = torch.cat([q.reshape(T, H, KV_LORA_RANK), q_rope.reshape(T, H, ROPE_DIM)], dim=-1)
         else:
             q = q.reshape(T, H, LATENT_DIM)
-        o = torch.empty(T, H, 512, dtype=q.dtype, device=q.device)
+        o = torch.empty(T, H, KV_LORA_RANK, dtype=q.dtype, device=q.device)
         lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
         self._plan.run(q, self._latent_cache(layer), self.req_to_token_pool.req_to_token, o, lse,
                        getattr(layer, "scaling", self.sm_scale), self.k_scale)
-        return o.view(T, H * 512)
+        return o.view(T, H * KV_LORA_RANK)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None,
                        k_rope=None, **kwargs):

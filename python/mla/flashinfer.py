@@ -1,7 +1,7 @@
 """FlashInfer-shaped entry point: BatchMLAPagedAttentionWrapper (plan / run) and MLAPlanMetadata.
 
-The call forms of FlashInfer 0.7.4's flashinfer.mla.BatchMLAPagedAttentionWrapper, any page size
-(1, 16, 32, 64, 128), any head count (1..128 on cuda):
+The call forms of FlashInfer 0.7.4's flashinfer.mla.BatchMLAPagedAttentionWrapper, the page
+sizes mla.PAGE_SIZES (1, 16, 32, 64, 128), any head count (1..128 on cuda):
   plan(metadata=MLAPlanMetadata.csr(qo_indptr, kv_indptr, kv_indices, kv_len_arr)
                 | MLAPlanMetadata.dense(cum_seq_lens_q, block_tables, seq_lens, max_q_len)
                 | MLAPlanMetadata.dual(...),

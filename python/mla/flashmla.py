@@ -9,7 +9,7 @@ FlashMLA's current call (its HEAD, 2026-04, and the copy vendored in vLLM 0.34) 
 and so does the older three-argument form (`get_mla_metadata(cache_seqlens, s_q * h_q, 1)`,
 whose num_splits is passed back and not read). Layouts and conventions are FlashMLA's:
   q (b, s_q, h_q, 576) bf16, any h_q in 1..128 (cuda; any h_q >= 1 on the cpu);
-  k_cache (num_blocks, page_size, 1, 576) bf16, any page size (1, 16, 32, 64, 128);
+  k_cache (num_blocks, page_size, 1, 576) bf16, page_size in mla.PAGE_SIZES (1, 16, 32, 64, 128);
   block_table (b, max_blocks) int32 page ids; entries past a request's pages are never read
   (FlashMLA's tests fill them with 2147480000); cache_seqlens (b,) int32 keys per request.
   out (b, s_q, h_q, 512) in q's dtype; lse (b, h_q, s_q) float32, natural log.

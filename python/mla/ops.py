@@ -13,9 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ._ops import ops
-
-LATENT_DIM = 576  # kv_lora_rank 512 + qk_rope_dim 64
-KV_LORA_RANK = 512
+from .support import KV_LORA_RANK, LATENT_DIM  # noqa: F401  (576 = 512 + 64, from the library)
 
 
 def _device(d) -> torch.device:
@@ -75,7 +73,8 @@ class AbsorbedPlan:
       block_table int32 [rows, max_blocks]: page ids (FlashMLA, vLLM), slot of token i of row r
         is block_table[r, i // P] * P + i % P; or int32 [num_pages] flat, where row r starts at
         element r (FlashInfer's kv_indices, planned with req_rows = kv_indptr[:-1]).
-    Causal is bottom-right aligned. Buffers are sized for the capacity given here.
+    Causal is bottom-right aligned. Buffers are sized for the capacity given here. A page size
+    other than mla.PAGE_SIZES is refused here (ValueError naming it and the sizes served).
     """
 
     def __init__(self, device, num_heads: int, page_size: int, *, causal: bool = True,
@@ -83,6 +82,8 @@ class AbsorbedPlan:
         self.device = _device(device)
         self.num_heads = int(num_heads)
         self.page_size = int(page_size)
+        # Refused now, not at the first plan (the library's page-size rule).
+        ops.check_page_size(self.page_size, "page_size")
         self.causal = bool(causal)
         self.max_batch = int(max_batch)
         self.max_q_tokens = int(max_q_tokens)
@@ -165,7 +166,7 @@ class AbsorbedPlan:
             raise RuntimeError("AbsorbedPlan.run: plan() was not called")
         if q.dim() != 3 or q.shape[1] != self.num_heads:
             raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
-                             f"[tokens, {self.num_heads}, 576]")
+                             f"[tokens, {self.num_heads}, {LATENT_DIM}]")
         self._check_table_shape(req_to_token, block_table)
         if check_pages:
             check_page_table(req_to_token, block_table, self._rows, self._kv_lens,

@@ -93,14 +93,8 @@ StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::
   MLA_CHECK_ARG(o.chunked_prefix_capacity >= 1,
                 "{}: options.chunked_prefix_capacity = {} must be >= 1", who,
                 o.chunked_prefix_capacity);
-  const OpSet* ops = o.op_set.empty() ? OpRegistry::global().default_for(o.device.type)
-                                      : OpRegistry::global().find(o.op_set);
-  if (ops == nullptr) {
-    return unsupported("{}: no op set '{}' for device {}", who,
-                       o.op_set.empty() ? "<default>" : o.op_set, o.device.to_string());
-  }
-  MLA_CHECK_ARG(ops->device == o.device.type, "{}: op set '{}' is not for device {}", who,
-                ops->name, o.device.to_string());
+  // The model, the pool's page size and dtype, the op set and its GPU (check_backend_config).
+  MLA_ASSIGN_OR_RETURN(const OpSet* ops, check_backend_config(o, pc.page_size, pc.dtype, who));
   const int64_t rows = rows_within(o.mha_chunk_kv_budget_bytes, o.max_batch, o.model.num_heads, ops,
                                    /*with_slots=*/true);
   MLA_CHECK_ARG(rows >= o.max_batch,

@@ -29,6 +29,32 @@ StatusOr<std::unique_ptr<AttentionBackend>> upcast(StatusOr<std::unique_ptr<T>> 
 
 }  // namespace
 
+StatusOr<const OpSet*> check_backend_config(const BackendOptions& options, int page_size,
+                                            DType cache_dtype, std::string_view who) {
+  // The checks' own messages, prefixed with `who` (the failed check's source text is kept).
+  const auto named = [who](const Status& st) {
+    return Status(st.code(), fmt::format("{}: {}", who, st.message()), st.failed_check());
+  };
+  for (const Status& st : {options.model.validate(), check_page_size(page_size, "page_size"),
+                           check_cache_dtype(cache_dtype, "kv_cache_dtype")}) {
+    if (!st.ok()) return named(st);
+  }
+  const Device device = options.device;
+  const OpSet* ops = options.op_set.empty() ? OpRegistry::global().default_for(device.type)
+                                            : OpRegistry::global().find(options.op_set);
+  if (ops == nullptr) {
+    return unsupported("{}: no op set '{}' for device {}{}", who,
+                       options.op_set.empty() ? "<default>" : options.op_set, device.to_string(),
+                       device.is_cuda() ? " (this build of mla has no CUDA ops)" : "");
+  }
+  if (const Status st = check_op_set_device(*ops, device); !st.ok()) return named(st);
+  if (ops->absorbed != nullptr) {
+    const Status st = ops->absorbed->supports(options.model.num_heads, page_size, cache_dtype);
+    if (!st.ok()) return named(st);
+  }
+  return ops;
+}
+
 BackendRegistry& BackendRegistry::global() {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry();

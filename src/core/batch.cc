@@ -217,8 +217,8 @@ bool ForwardBatch::has_prefix() const {
 }
 
 Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits) {
-  MLA_CHECK_ARG(is_supported_page_size(limits.page_size),
-                "page_size = {} is not supported (1, 16, 32, 64 or 128)", limits.page_size);
+  MLA_CHECK_ARG(is_supported_page_size(limits.page_size), "page_size = {} is not served ({})",
+                limits.page_size, page_sizes_text());
   const ForwardMode mode = batch.mode;
   MLA_CHECK_ARG(mode <= ForwardMode::kIdle, "mode = {} is not a forward mode",
                 static_cast<int>(mode));

@@ -5,8 +5,11 @@
 // token-level slots and a request's page list is req_to_token[r, 0::P] / P.
 #include "mla/kv_pool.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 namespace mla {
@@ -17,8 +20,30 @@ int64_t pages_for(int64_t tokens, int page_size) { return (tokens + page_size - 
 }  // namespace
 
 bool is_supported_page_size(int page_size) {
-  return page_size == 1 || page_size == 16 || page_size == 32 || page_size == 64 ||
-         page_size == 128;
+  return std::find(std::begin(kPageSizes), std::end(kPageSizes), page_size) != std::end(kPageSizes);
+}
+
+std::string page_sizes_text() {
+  return fmt::format("{}", fmt::join(std::begin(kPageSizes), std::end(kPageSizes), ", "));
+}
+
+Status check_page_size(int page_size, std::string_view field) {
+  MLA_CHECK_ARG(is_supported_page_size(page_size),
+                "{} = {} is not served (mla serves page sizes {} tokens)", field, page_size,
+                page_sizes_text());
+  return Status::Ok();
+}
+
+bool is_supported_cache_dtype(DType dtype) {
+  return std::find(std::begin(kCacheDTypes), std::end(kCacheDTypes), dtype) !=
+         std::end(kCacheDTypes);
+}
+
+Status check_cache_dtype(DType dtype, std::string_view field) {
+  MLA_CHECK_ARG(is_supported_cache_dtype(dtype),
+                "{} = {} is not served (mla stores the latent cache in bf16 or fp8e4m3)", field,
+                dtype_name(dtype));
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -87,14 +112,12 @@ LatentKvPool::LatentKvPool(const KvPoolConfig& c) : config_(c), allocator_(c.num
 StatusOr<std::unique_ptr<LatentKvPool>> LatentKvPool::create(const KvPoolConfig& c) {
   MLA_CHECK_ARG(c.num_layers >= 1, "kv_pool.num_layers = {} must be >= 1", c.num_layers);
   MLA_CHECK_ARG(c.num_pages >= 0, "kv_pool.num_pages = {} must be >= 0", c.num_pages);
-  MLA_CHECK_ARG(is_supported_page_size(c.page_size),
-                "kv_pool.page_size = {} is not supported (1, 16, 32, 64 or 128)", c.page_size);
+  MLA_RETURN_IF_ERROR(check_page_size(c.page_size, "kv_pool.page_size"));
   MLA_CHECK_ARG(c.max_requests >= 1, "kv_pool.max_requests = {} must be >= 1", c.max_requests);
   MLA_CHECK_ARG(c.max_context_len >= 1, "kv_pool.max_context_len = {} must be >= 1",
                 c.max_context_len);
   MLA_CHECK_ARG(c.latent_dim >= 1, "kv_pool.latent_dim = {} must be >= 1", c.latent_dim);
-  MLA_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP8E4M3,
-                "kv_pool.dtype = {} is not supported (bf16 or fp8e4m3)", dtype_name(c.dtype));
+  MLA_RETURN_IF_ERROR(check_cache_dtype(c.dtype, "kv_pool.dtype"));
   // Slots are int32 in req_to_token and out_cache_loc.
   const int64_t max_pages = std::numeric_limits<int32_t>::max() / c.page_size - 1;
   MLA_CHECK_ARG(c.num_pages <= max_pages,

@@ -1,6 +1,7 @@
 #include "mla/memory.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -75,6 +76,11 @@ StatusOr<void*> DeviceRuntime::malloc_host(std::size_t bytes) {
 
 void DeviceRuntime::free_host(void* p) { std::free(p); }
 
+StatusOr<ComputeCapability> DeviceRuntime::compute_capability(int index) const {
+  return unsupported("{} device {} has no compute capability",
+                     type() == DeviceType::kCpu ? "a cpu" : "this", index);
+}
+
 namespace {
 
 struct RuntimeTable {
@@ -83,6 +89,9 @@ struct RuntimeTable {
   std::unique_ptr<DeviceRuntime> cuda;
   DeviceRuntimeFactory cuda_factory = nullptr;  // registered by the cuda library
   bool cuda_built = false;
+  // cuda.get() once built: the lock-free path of device_runtime (asked before every cuda op run
+  // by the GPU check, gpu_support.h).
+  std::atomic<DeviceRuntime*> cuda_ready{nullptr};
 };
 
 RuntimeTable& runtimes() {
@@ -95,10 +104,12 @@ RuntimeTable& runtimes() {
 DeviceRuntime* device_runtime(DeviceType type) {
   if (type == DeviceType::kCpu) return runtimes().cpu.get();
   RuntimeTable& t = runtimes();
+  if (DeviceRuntime* ready = t.cuda_ready.load(std::memory_order_acquire)) return ready;
   std::lock_guard<std::mutex> lock(t.mu);
   if (!t.cuda_built && t.cuda_factory != nullptr) {
     t.cuda = t.cuda_factory();
     t.cuda_built = true;
+    t.cuda_ready.store(t.cuda.get(), std::memory_order_release);
   }
   return t.cuda.get();
 }

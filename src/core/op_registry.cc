@@ -8,6 +8,117 @@ namespace mla {
 
 namespace {
 
+// ---- the device check in front of a set's ops (OpRegistry::add) ----
+// Each wrapper forwards to the set's own op; run() first checks that the set has code for the
+// device it runs on (check_device_code: a cached capability lookup and a compare, no string
+// built unless it refuses), so a GPU the set has no code for gets kUnsupported, never a launch.
+struct DeviceCheck {
+  std::string set_name;
+  std::vector<ComputeCapability> built_for;
+  Status operator()(const ExecContext& ctx) const {
+    return check_device_code(set_name, built_for, ctx.device);
+  }
+};
+
+class CheckedAbsorbedOp final : public AbsorbedAttentionOp {
+ public:
+  CheckedAbsorbedOp(std::shared_ptr<const AbsorbedAttentionOp> op, DeviceCheck check)
+      : op_(std::move(op)), check_(std::move(check)) {}
+  Status supports(int num_heads, int page_size, DType cache_dtype) const override {
+    return op_->supports(num_heads, page_size, cache_dtype);
+  }
+  std::size_t plan_bytes(const AttnCapacity& cap) const override { return op_->plan_bytes(cap); }
+  std::size_t workspace_bytes(const AttnCapacity& cap) const override {
+    return op_->workspace_bytes(cap);
+  }
+  StatusOr<std::size_t> plan(const AbsorbedProblem& problem, const AttnCapacity& cap,
+                             std::span<std::byte> host_plan) const override {
+    return op_->plan(problem, cap, host_plan);
+  }
+  Status run(const AbsorbedArgs& args, const ExecContext& ctx) const override {
+    MLA_RETURN_IF_ERROR(check_(ctx));
+    return op_->run(args, ctx);
+  }
+
+ private:
+  std::shared_ptr<const AbsorbedAttentionOp> op_;
+  DeviceCheck check_;
+};
+
+class CheckedMhaOp final : public MhaAttentionOp {
+ public:
+  CheckedMhaOp(std::shared_ptr<const MhaAttentionOp> op, DeviceCheck check)
+      : op_(std::move(op)), check_(std::move(check)) {}
+  Status supports(int num_heads) const override { return op_->supports(num_heads); }
+  std::size_t plan_bytes(const AttnCapacity& cap) const override { return op_->plan_bytes(cap); }
+  std::size_t workspace_bytes(const AttnCapacity& cap) const override {
+    return op_->workspace_bytes(cap);
+  }
+  StatusOr<std::size_t> plan(const MhaProblem& problem, const AttnCapacity& cap,
+                             std::span<std::byte> host_plan) const override {
+    return op_->plan(problem, cap, host_plan);
+  }
+  Status run(const MhaArgs& args, const ExecContext& ctx) const override {
+    MLA_RETURN_IF_ERROR(check_(ctx));
+    return op_->run(args, ctx);
+  }
+
+ private:
+  std::shared_ptr<const MhaAttentionOp> op_;
+  DeviceCheck check_;
+};
+
+// The ops whose interface is run() alone (plus UpProjectOp::workspace_bytes below).
+template <typename Op, typename Args>
+class CheckedRunOp final : public Op {
+ public:
+  CheckedRunOp(std::shared_ptr<const Op> op, DeviceCheck check)
+      : op_(std::move(op)), check_(std::move(check)) {}
+  Status run(const Args& args, const ExecContext& ctx) const override {
+    MLA_RETURN_IF_ERROR(check_(ctx));
+    return op_->run(args, ctx);
+  }
+
+ private:
+  std::shared_ptr<const Op> op_;
+  DeviceCheck check_;
+};
+
+class CheckedUpProjectOp final : public UpProjectOp {
+ public:
+  CheckedUpProjectOp(std::shared_ptr<const UpProjectOp> op, DeviceCheck check)
+      : op_(std::move(op)), check_(std::move(check)) {}
+  std::size_t workspace_bytes(int64_t max_tokens, int num_heads) const override {
+    return op_->workspace_bytes(max_tokens, num_heads);
+  }
+  Status run(const UpProjectArgs& args, const ExecContext& ctx) const override {
+    MLA_RETURN_IF_ERROR(check_(ctx));
+    return op_->run(args, ctx);
+  }
+
+ private:
+  std::shared_ptr<const UpProjectOp> op_;
+  DeviceCheck check_;
+};
+
+template <typename Checked, typename Op>
+std::shared_ptr<const Op> checked(std::shared_ptr<const Op> op, const DeviceCheck& check) {
+  if (op == nullptr) return op;
+  return std::make_shared<const Checked>(std::move(op), check);
+}
+
+OpSet with_device_check(OpSet set) {
+  if (set.compute_capabilities.empty()) return set;
+  const DeviceCheck check{set.name, set.compute_capabilities};
+  set.absorbed = checked<CheckedAbsorbedOp>(std::move(set.absorbed), check);
+  set.mha = checked<CheckedMhaOp>(std::move(set.mha), check);
+  set.merge = checked<CheckedRunOp<MergeOp, MergeArgs>>(std::move(set.merge), check);
+  set.kv_write = checked<CheckedRunOp<KvWriteOp, KvWriteArgs>>(std::move(set.kv_write), check);
+  set.up_project = checked<CheckedUpProjectOp>(std::move(set.up_project), check);
+  set.head_gemm = checked<CheckedRunOp<HeadGemmOp, HeadGemmArgs>>(std::move(set.head_gemm), check);
+  return set;
+}
+
 struct Providers {
   std::mutex mu;
   std::vector<std::pair<DeviceType, OpSetProvider>> pending;
@@ -48,7 +159,16 @@ OpRegistry& OpRegistry::global() {
   return *registry;
 }
 
-void OpRegistry::add(OpSet set) { sets_.push_back(std::make_unique<OpSet>(std::move(set))); }
+void OpRegistry::add(OpSet set) {
+  sets_.push_back(std::make_unique<OpSet>(with_device_check(std::move(set))));
+}
+
+Status check_op_set_device(const OpSet& set, Device device) {
+  if (set.device != device.type) {
+    return invalid_argument("op set '{}' is not for device {}", set.name, device.to_string());
+  }
+  return check_device_code(set.name, set.compute_capabilities, device);
+}
 
 const OpSet* OpRegistry::find(std::string_view name) const {
   for (const auto& s : sets_)

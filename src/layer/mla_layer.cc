@@ -22,6 +22,9 @@ StatusOr<const OpSet*> find_ops(Device device, std::string_view op_set) {
     return unsupported("mla layer: no op set '{}' for {}", op_set.empty() ? "<default>" : op_set,
                        device.to_string());
   }
+  if (const Status st = check_op_set_device(*ops, device); !st.ok()) {
+    return Status(st.code(), fmt::format("mla layer: {}", st.message()));
+  }
   return ops;
 }
 

@@ -267,12 +267,46 @@ def test_refuses_a_kv_cache_dtype_it_does_not_store():
     (torch.float16, 64, r"get_key_buffer\(0\): dtype torch\.float16"),
     (torch.bfloat16, 0, r"get_key_buffer\(0\): shape \(\d+, 1, 512\), expected \[slots, 1, 576\]")])
 def test_refuses_a_kv_pool_of_the_wrong_dtype_or_layout(pool_dtype, rope_dim, match):
+    # Refused when the backend is built (issue 33), not at the first decode: a server never
+    # starts with a pool its decode would refuse.
     case = _absorbed_case("decode", 1, 1)
-    be = env.backend("mla_paged", case, heads=H, pool_dtype=pool_dtype, rope_dim=rope_dim)
-    fb = env.batch(case, "decode", [1] * 3)
-    be.init_forward_metadata(fb)
     with pytest.raises(ValueError, match=match):
-        run(be, env.attn_mqa(H, 0.1), fb, case.q, None, None, save_kv_cache=False)
+        env.backend("mla_paged", case, heads=H, pool_dtype=pool_dtype, rope_dim=rope_dim)
+
+
+@pytest.mark.parametrize("name", list(NAMES.values()))
+@pytest.mark.parametrize("page_size", [8, 256])
+def test_refuses_an_unserved_page_size_when_built(name, page_size):
+    # SGLang accepts --page-size 8 or 256; mla refuses it when the backend is built (naming the
+    # sizes it serves), not after serving prefills with it.
+    case = _absorbed_case("decode", 1, 1)
+    r = env.runner(case, heads=H)
+    r.page_size = page_size
+    with pytest.raises(ValueError, match=rf"page_size = {page_size} is not served \(mla serves "
+                                         r"page sizes 1, 16, 32, 64, 128 tokens\)"):
+        plugin._factory(name)(r)
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (10, 0)])
+def test_reports_a_gpu_without_mla_kernels_unsupported(monkeypatch, capability):
+    # An A100 or a B200 (faked: the capability query is monkeypatched): the factory SGLang calls
+    # refuses with what mla needs and what it found, and the backends to use instead.
+    from mla import UnsupportedDevice, support
+    monkeypatch.setattr(support, "compute_capability", lambda device: capability)
+    case = _absorbed_case("decode", 1, 1)
+    r = env.runner(case, heads=H)
+    r.device = "cuda"
+    assert plugin.unsupported_reason(r) is not None
+    for name in NAMES.values():
+        with pytest.raises(UnsupportedDevice,
+                           match=rf"--attention-backend {name} is unsupported here: op set "
+                                 r"'cuda' has device code for compute capability 9\.0 only, but "
+                                 rf"cuda:0 has compute capability {capability[0]}\.0.*Choose "
+                                 r"another attention backend"):
+            plugin._factory(name)(r)
+    r.device = "cpu"
+    assert plugin.unsupported_reason(r) is None
+    assert isinstance(plugin._factory("mla_paged")(r), AttentionBackend)
 
 
 @pytest.mark.parametrize("mode", ["DLLM_EXTEND", "SPLIT_PREFILL", "PREBUILT"])

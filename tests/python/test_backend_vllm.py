@@ -107,6 +107,24 @@ def test_validate_configuration(backend):
         assert backend.supports_block_size(size)
 
 
+def test_reports_gpus_without_mla_kernels_unsupported(backend):
+    # vLLM asks supports_compute_capability when it selects a backend (validate_configuration):
+    # mla's kernels are sm_90a, so only 9.0 is supported, by the C++ rule (mla.support); on an
+    # A100, an L40S, a B200 or an RTX 50xx vLLM is told "compute capability not supported" and
+    # picks another backend.
+    from vllm.platforms.interface import DeviceCapability
+    assert backend.supports_compute_capability(DeviceCapability(9, 0))
+    assert not backend.supports_compute_capability(None)
+    for major, minor in ((8, 0), (8, 9), (10, 0), (12, 0)):
+        cap = DeviceCapability(major, minor)
+        assert not backend.supports_compute_capability(cap)
+        reasons = backend.validate_configuration(
+            head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64,
+            use_mla=True, has_sink=False, use_sparse=False, use_mm_prefix=False,
+            use_per_head_quant_scales=False, device_capability=cap, attn_type="decoder")
+        assert "compute capability not supported" in reasons
+
+
 def _vllm_config(monkeypatch, max_num_seqs=8):
     from vllm.config import DeviceConfig, VllmConfig
     from vllm.platforms import current_platform

@@ -30,6 +30,12 @@ SGLang's attention TP size (DP attention included), checked against each layer's
 disable_chunked_prefix_cache is SGLang's resolved value (get_schedule(), after the load-time
 gate), the one DeepSeek's model code reads, not the raw server argument.
 
+On a GPU mla has no kernels for (anything but compute capability 9.0: the C++ rule,
+mla.support.unsupported_reason), building a backend raises mla.UnsupportedDevice naming the GPU's
+capability, what mla needs and the built-in backends to use instead; SGLang selects backends by
+name only, so this is how it is told. Page size, head count, cache dtype and the pool's layout are
+checked when the backend is built (mla.Backend), not at the first decode.
+
 Importing this module does not need sglang; `register()` and the classes do (BACKEND_CLASSES is
 empty without it). `import mla` never imports this module.
 """
@@ -39,15 +45,16 @@ import functools
 import inspect
 from typing import Optional
 
-import torch
-
+from .. import support
 from ..backend import Backend
 from . import first_missing
 
 BACKENDS = {"mla_paged": "paged_mla", "mla_chunked": "chunked_mla", "mla_ondemand": "ondemand_mla"}
-# DeepSeek-V2/V3 MLA shapes mla serves (ModelConfig field -> value).
-MODEL_SHAPE = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-               "v_head_dim": 128}
+# DeepSeek-V2/V3 MLA shapes mla serves (ModelConfig field -> value), from the C++ library.
+MODEL_SHAPE = {"kv_lora_rank": support.KV_LORA_RANK, "qk_rope_head_dim": support.QK_ROPE_DIM,
+               "qk_nope_head_dim": support.QK_NOPE_DIM, "v_head_dim": support.V_HEAD_DIM}
+# Built-in SGLang backends named when mla refuses a GPU (SGLang then runs with one of them).
+_OTHER_BACKENDS = "flashinfer, triton or flashmla"
 
 try:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend as _SGLangBase
@@ -153,9 +160,16 @@ def _disable_chunked_prefix_cache(runner) -> bool:
     return bool(getattr(args, "disable_chunked_prefix_cache", False))
 
 
+def unsupported_reason(runner) -> str | None:
+    """Why mla cannot serve this ModelRunner's device (a GPU mla has no kernels for: the C++
+    rule, mla.support), or None."""
+    return support.unsupported_reason(getattr(runner, "device", "cuda"))
+
+
 def backend_options(runner, family: str) -> dict:
     """mla.Backend's constructor arguments from an SGLang ModelRunner; ValueError naming the
-    field for a model or a KV cache mla does not serve."""
+    field for a model or a KV cache mla does not serve. mla.Backend then checks them all when it
+    is built (page size, head count, cache dtype, the pool's layout), by the C++ rules."""
     cfg = runner.model_config
     for field, want in MODEL_SHAPE.items():
         got = getattr(cfg, field, None)
@@ -168,10 +182,10 @@ def backend_options(runner, family: str) -> dict:
         raise ValueError(f"model_config.num_attention_heads = {total} does not split over the "
                          f"attention TP size {tp}")
     kv_dtype = getattr(runner, "kv_cache_dtype", None)
-    if kv_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+    if kv_dtype not in support.CACHE_DTYPES:
         raise ValueError(f"model_runner.kv_cache_dtype = {kv_dtype}: {family} stores the latent "
-                         "cache in torch.bfloat16 or torch.float8_e4m3fn (--kv-cache-dtype auto "
-                         "with a bf16 model, or fp8_e4m3)")
+                         f"cache in {' or '.join(map(str, support.CACHE_DTYPES))} "
+                         "(--kv-cache-dtype auto with a bf16 model, or fp8_e4m3)")
     args = getattr(runner, "server_args", None)
     return dict(num_heads=total // tp, page_size=int(getattr(runner, "page_size", 1) or 1),
                 device=getattr(runner, "device", "cuda"), sm_scale=0.0,
@@ -185,9 +199,17 @@ if _SGLangBase is not None:
     class MLAAttnBackend(Backend, _SGLangBase):
         """One mla family as an SGLang AttentionBackend (subclasses set `family`)."""
         family = "paged_mla"
+        sglang_name = "mla_paged"
 
         def __init__(self, model_runner, skip_prefill: bool = False,
                      draft_step: Optional[int] = None, **_):
+            # On a GPU mla has no kernels for, SGLang is told so before anything is built, with
+            # the built-in backends to use instead (SGLang picks a backend by name only).
+            reason = unsupported_reason(model_runner)
+            if reason is not None:
+                raise support.UnsupportedDevice(
+                    f"--attention-backend {self.sglang_name} is unsupported here: {reason}. "
+                    f"Choose another attention backend for this GPU ({_OTHER_BACKENDS})")
             Backend.__init__(self, self.family, **backend_options(model_runner, self.family),
                              token_to_kv_pool=model_runner.token_to_kv_pool,
                              req_to_token_pool=model_runner.req_to_token_pool)
@@ -239,12 +261,15 @@ if _SGLangBase is not None:
 
     class MLAPagedAttnBackend(MLAAttnBackend):
         family = "paged_mla"
+        sglang_name = "mla_paged"
 
     class MLAChunkedAttnBackend(MLAAttnBackend):
         family = "chunked_mla"
+        sglang_name = "mla_chunked"
 
     class MLAOndemandAttnBackend(MLAAttnBackend):
         family = "ondemand_mla"
+        sglang_name = "mla_ondemand"
 
     BACKEND_CLASSES = {"mla_paged": MLAPagedAttnBackend, "mla_chunked": MLAChunkedAttnBackend,
                        "mla_ondemand": MLAOndemandAttnBackend}

@@ -81,9 +81,9 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
   Status supports(int num_heads, int page_size, DType cache_dtype) const override {
     if (num_heads < 1) return unsupported("cpu absorbed: num_heads {} < 1", num_heads);
     if (!is_supported_page_size(page_size)) {
-      return unsupported("cpu absorbed: page_size {} not in {{1, 16, 32, 64, 128}}", page_size);
+      return unsupported("cpu absorbed: page_size {} not in {{{}}}", page_size, page_sizes_text());
     }
-    if (cache_dtype != DType::kBF16 && cache_dtype != DType::kFP8E4M3) {
+    if (!is_supported_cache_dtype(cache_dtype)) {
       return unsupported("cpu absorbed: cache dtype {} (bf16 or fp8e4m3)", dtype_name(cache_dtype));
     }
     return Status::Ok();

@@ -3,6 +3,8 @@
 // without a GPU or driver reports device_count 0 and never crashes.
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -76,6 +78,28 @@ int sm_count(int device) {
 
 namespace {
 
+// Compute capability of a device, read once per device (it cannot change while the process
+// runs) and then read without a lock: the GPU check asks it before every cuda op run. Entries
+// hold major * 1000 + minor + 1 (0: not read yet); {-1, -1} when the driver does not answer.
+constexpr int kCapabilityDevices = 64;
+
+ComputeCapability device_capability(int device) {
+  static std::array<std::atomic<int>, kCapabilityDevices> cache{};
+  if (device < 0) return {-1, -1};
+  int packed = device < kCapabilityDevices ? cache[device].load(std::memory_order_acquire) : 0;
+  if (packed == 0) {
+    int major = -1, minor = -1;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return {-1, -1};  // not cached: asked again next time
+    }
+    packed = major * 1000 + minor + 1;
+    if (device < kCapabilityDevices) cache[device].store(packed, std::memory_order_release);
+  }
+  return {(packed - 1) / 1000, (packed - 1) % 1000};
+}
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   CudaRuntime() {
@@ -146,6 +170,17 @@ class CudaRuntime final : public DeviceRuntime {
   int multiprocessor_count(int index) const override {
     if (index < 0 || index >= count_) return 0;
     return sm_count(index);
+  }
+  StatusOr<ComputeCapability> compute_capability(int index) const override {
+    if (index < 0 || index >= count_) {
+      return unsupported("cuda:{} is not present ({} cuda devices)", index, count_);
+    }
+    const ComputeCapability c = device_capability(index);
+    if (c.major < 0) {
+      return make_status(StatusCode::kCudaError,
+                         "cudaDeviceGetAttribute(compute capability) of cuda:{} failed", index);
+    }
+    return c;
   }
 
   StatusOr<void*> malloc_host(std::size_t bytes) override {

@@ -3,8 +3,10 @@
 Built as vLLM builds its own FlashMLA backend (vllm/v1/attention/backends/mla/flashmla.py), on
 the MLA base classes of vllm/model_executor/layers/attention/mla_attention.py:
 - MlaPagedBackend(MLACommonBackend): bf16 models; KV cache dtypes auto/bfloat16/fp8/fp8_e4m3;
-  kernel block sizes 1, 16, 32, 64, 128 (vLLM picks one that divides its block size); head size
-  576 (kv_lora_rank 512 + qk_rope_head_dim 64). vLLM lays the cache out as
+  kernel block sizes 1, 16, 32, 64, 128 (mla.PAGE_SIZES; vLLM picks one that divides its block
+  size); head size 576 (kv_lora_rank 512 + qk_rope_head_dim 64); compute capability 9.0 only
+  (supports_compute_capability asks the C++ library's rule, so vLLM picks another backend on
+  any other GPU). vLLM lays the cache out as
   [num_blocks, block_size, 576] and writes it itself (concat_and_cache_mla in the MLA layer);
   mla reads it in place.
 - MlaPagedMetadataBuilder(MLACommonMetadataBuilder): the base class splits the batch into
@@ -38,12 +40,13 @@ from vllm.model_executor.layers.attention.mla_attention import (
 )
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 
-from ... import _native
-from ...ops import KV_LORA_RANK, LATENT_DIM, AbsorbedPlan
+from ... import _native, support
+from ...ops import AbsorbedPlan
+from ...support import KV_LORA_RANK, LATENT_DIM
 from . import BACKEND_NAME
 
-ROPE_DIM = LATENT_DIM - KV_LORA_RANK
-PAGE_SIZES = (1, 16, 32, 64, 128)
+ROPE_DIM = support.QK_ROPE_DIM
+PAGE_SIZES = support.PAGE_SIZES  # the C++ library's list: 1, 16, 32, 64, 128
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
 _FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 # Decode query-length threshold: batches with query_len <= this go through forward_mqa (vLLM
@@ -86,7 +89,11 @@ class MlaPagedBackend(MLACommonBackend):
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
-        return capability.major >= 8
+        """The C++ library's GPU rule (mla.support.capability_refusal): mla's kernels are built
+        for sm_90a, so compute capability 9.0 only; vLLM then picks another backend elsewhere."""
+        if capability is None:  # no GPU known: mla's CUDA kernels cannot be promised
+            return False
+        return support.capability_refusal(capability.major, capability.minor) is None
 
     @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
@@ -124,6 +131,13 @@ class MlaPagedMetadataBuilder(MLACommonMetadataBuilder[MlaPagedMetadata]):
         if self.page_size not in PAGE_SIZES:
             raise ValueError(f"block_size = {self.page_size}: MLA_PAGED serves kernel block "
                              f"sizes {list(PAGE_SIZES)}")
+        # Everything else knowable now, by the C++ backends' own construction check: the GPU,
+        # the head count, the cache dtype.
+        support.check_device(device, BACKEND_NAME)
+        cache_dtype = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto")
+        support.check_backend_config(
+            "MlaPagedMetadataBuilder", device, self.num_heads, self.page_size,
+            torch.float8_e4m3fn if cache_dtype in _FP8_KV_CACHE_DTYPES else torch.bfloat16)
         max_batch = int(vllm_config.scheduler_config.max_num_seqs)
         max_q_len = int(self.reorder_batch_threshold)
         self.plan = AbsorbedPlan(device, self.num_heads, self.page_size, causal=True,
