@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -220,22 +221,30 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
   // The lengths are checked here for every op set (the CUDA planner trusts them). Causal with
   // kv_len < q_len is allowed: the mask is bottom-right aligned (query j sees keys
   // 0 .. kv_len - q_len + j), so its first q_len - kv_len queries see no key (o = 0, lse = -inf).
-  int64_t max_row = -1, max_kv = 0, flat_end = 0;
   for (std::size_t b = 0; b < p.q_lens.size(); ++b) {
-    const int32_t q = p.q_lens[b], kv = p.kv_lens[b], row = p.req_rows[b];
+    const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
     TORCH_CHECK_VALUE(q >= 0 && kv >= 0, "mla.", op, ": q_lens[", b, "] = ", q, ", kv_lens[", b,
                       "] = ", kv, " must not be negative");
     TORCH_CHECK_VALUE(q <= cap.max_q_len, "mla.", op, ": q_lens[", b, "] = ", q,
                       " exceeds max_q_len = ", cap.max_q_len);
-    TORCH_CHECK_VALUE(row >= 0, "mla.", op, ": req_rows[", b, "] = ", row, " is negative");
-    max_row = std::max<int64_t>(max_row, row);
-    max_kv = std::max<int64_t>(max_kv, kv);
-    flat_end = std::max<int64_t>(
-        flat_end, int64_t{row} + (int64_t{kv} + p.page_size - 1) / std::max(p.page_size, 1));
+    TORCH_CHECK_VALUE(p.req_rows[b] >= 0, "mla.", op, ": req_rows[", b, "] = ", p.req_rows[b],
+                      " is negative");
   }
   plan_and_upload(staging, plan, set.absorbed->plan_bytes(cap), op,
                   [&](std::span<std::byte> host) { return set.absorbed->plan(p, cap, host); });
   if (extents.has_value()) {
+    // Pages of a request: a shift for the power-of-two page sizes, a division otherwise.
+    const int64_t page = p.page_size;
+    const bool pow2 = (page & (page - 1)) == 0;
+    const int shift = std::countr_zero(static_cast<uint32_t>(page));
+    int64_t max_row = -1, max_kv = 0, flat_end = 0;
+    for (std::size_t b = 0; b < p.req_rows.size(); ++b) {
+      const int64_t row = p.req_rows[b], kv = p.kv_lens[b];
+      const int64_t pages = pow2 ? (kv + page - 1) >> shift : (kv + page - 1) / page;
+      max_row = std::max(max_row, row);
+      max_kv = std::max(max_kv, kv);
+      flat_end = std::max(flat_end, row + pages);
+    }
     int64_t* e = extents->data_ptr<int64_t>();
     e[0] = max_row;
     e[1] = max_kv;

@@ -293,8 +293,8 @@ class Backend:
                 self.stats["graph_plans"] += 1
             else:
                 p = self._absorbed_plan(bs, self._tokens, q_max)
-            rows = _host_field(forward_batch, "req_pool_indices")
-            p.plan(rows, q_lens, kv_lens)
+            # Host int32 / int64 tensors already (_host_field, _ones, the reused buffers).
+            p._plan_host(_host_field(forward_batch, "req_pool_indices"), q_lens, kv_lens)
             self._plan = p
             self.stats["absorbed_plans"] += 1
             return

@@ -122,9 +122,12 @@ class AbsorbedPlan:
     def plan(self, req_rows, q_lens, kv_lens) -> "AbsorbedPlan":
         """Plans a batch from host lengths (lists or tensors; device tensors are copied to the
         host, which waits for them)."""
-        rows = _host_lengths(req_rows, "req_rows")
-        ql = _host_lengths(q_lens, "q_lens")
-        kl = _host_lengths(kv_lens, "kv_lens")
+        return self._plan_host(_host_lengths(req_rows, "req_rows"),
+                               _host_lengths(q_lens, "q_lens"), _host_lengths(kv_lens, "kv_lens"))
+
+    def _plan_host(self, rows: torch.Tensor, ql: torch.Tensor, kl: torch.Tensor):
+        """plan() from lengths already as _host_lengths returns them (for callers that made
+        them so, as mla.Backend: not checked twice per plan)."""
         ops.absorbed_plan(rows, ql, kl, self._staging.handle, self._staging.plan,
                           self.num_heads, self.page_size, self.causal, self.max_batch,
                           self.max_q_tokens, self.max_q_len, self._extents)
