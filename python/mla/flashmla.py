@@ -74,6 +74,9 @@ class FlashMLASchedMeta:
     plan: Optional[AbsorbedPlan] = None
     # config as one tuple (_call_key of a call), compared first by every later call.
     _key: Optional[tuple] = dataclasses.field(default=None, repr=False, compare=False)
+    # Whether a query row may see no key (then its lse is -inf from the op, +inf here): some
+    # cache_seqlens is 0, or causal with one below s_q (the mask of the module docstring).
+    _keyless_rows: bool = dataclasses.field(default=True, repr=False, compare=False)
 
 
 MlaMetadata = FlashMLASchedMeta  # the name earlier mla versions used
@@ -243,6 +246,8 @@ def _plan_for(meta: FlashMLASchedMeta, q, k_cache, cache_seqlens, causal,
     plan.plan(rows, q_lens, meta.cache_seqlens)
     meta.plan, meta.config, meta.have_initialized = plan, config, True
     meta._key = key
+    shortest = int(meta.cache_seqlens.min()) if b else 0
+    meta._keyless_rows = shortest == 0 or (config.causal and shortest < s_q)
     return plan
 
 
@@ -299,7 +304,11 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     lse = torch.empty(b * s_q, h, dtype=torch.float32, device=q.device)
     plan.run(q.reshape(b * s_q, h, LATENT_DIM), k_cache.view(-1, LATENT_DIM), None, o_rows, lse,
              scale, k_scale, block_table=block_table)
-    # FlashMLA's convention for a row without keys (mla's ops: -inf), in place; NaN and +inf
-    # stay. Then FlashMLA's layout (b, h_q, s_q): a view for s_q = 1, a copy otherwise.
-    lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)
+    # FlashMLA's convention for a row without keys (mla's ops: -inf), in place, only when the
+    # metadata's lengths allow such a row; NaN and +inf stay. Then FlashMLA's layout
+    # (b, h_q, s_q): the same bytes for s_q = 1, a copy otherwise.
+    if tile_scheduler_metadata._keyless_rows:
+        lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)
+    if s_q == 1:
+        return out, lse.view(b, h, 1)
     return out, lse.view(b, s_q, h).transpose(1, 2).contiguous()
