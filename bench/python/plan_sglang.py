@@ -1,6 +1,7 @@
 """Host time of planning a batch-256 decode through the SGLang adapter (a benchmark, not a test).
 
-Per call, median and min wall time (time.perf_counter_ns) of
+Per call, median and min wall time (time.perf_counter_ns; the calls below alternate in ten
+blocks of 200, benchlib.interleaved_us) of
   op:       torch.ops.mla.absorbed_plan on host int32 tensors (the planner alone)
   plan:     mla.ops.AbsorbedPlan.plan (the op + the Python plan holder)
   adapter:  MLAPagedAttnBackend.init_forward_metadata_out_graph(forward_batch) on a real SGLang
@@ -70,11 +71,14 @@ def main():
               lambda: be.init_forward_metadata_out_graph(fb)),
              ("sglang_adapter.init_forward_metadata_out_graph[int64 mirrors]",
               lambda: be.init_forward_metadata_out_graph(fb64)))
+    # Host time, not the GPU's; the calls alternate in blocks (benchlib.interleaved_us), so that
+    # the op and the adapter share a shared cpu's quiet and busy spells and their ratio holds.
+    times = benchlib.interleaved_us(dict(calls), ITERS, warmup=WARMUP)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     rows_out = []
-    for name, fn in calls:
-        med, mn = benchlib.time_us(fn, ITERS, warmup=WARMUP)  # host time, not the GPU's
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+    for name, _ in calls:
+        med, mn = times[name]
         row = {"op": "python_plan", "what": name, "b": bs, "h_q": H, "page_size": P, "s_q": 1,
                "device": str(dev), "us": med, "us_min": mn, "iters": ITERS}
         row.update(benchlib.run_fields(dev, args.commit))
