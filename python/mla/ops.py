@@ -120,8 +120,8 @@ class AbsorbedPlan:
         return self._staging.blocking_waits()
 
     def plan(self, req_rows, q_lens, kv_lens) -> "AbsorbedPlan":
-        """Plans a batch from host lengths (lists or tensors; device tensors are copied to the
-        host, which waits for them)."""
+        """Plans a batch from host lengths (lists or tensors; int32 and int64 cpu tensors are
+        read in place by the op, device tensors are copied to the host, which waits for them)."""
         return self._plan_host(_host_lengths(req_rows, "req_rows"),
                                _host_lengths(q_lens, "q_lens"), _host_lengths(kv_lens, "kv_lens"))
 
