@@ -278,6 +278,10 @@ if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
       PYTHONPATH="$site" timeout 120 python3 "$root/bench/python/plan_bench.py" --device cuda \
         --commit "$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)" > /tmp/python_plan.jsonl
       echo "plan_bench rc=$?"; cat /tmp/python_plan.jsonl
+      # Host cost per call of the FlashMLA form on small problems (issue 33 part 5; a benchmark).
+      PYTHONPATH="$site" timeout 120 python3 "$root/bench/python/flashmla_call.py" --device cuda \
+        --commit "$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)" > /tmp/flashmla_call.jsonl
+      echo "flashmla_call rc=$?"; cat /tmp/flashmla_call.jsonl
     } > "$OUT/python.log" 2>&1
     summary+=("python     $(grep -E '^(pip|pytest) rc=' "$OUT/python.log" | tr '\n' ' ')$(grep -E '(passed|failed|error)' "$OUT/python.log" | tail -n 1)")
   fi

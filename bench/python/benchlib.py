@@ -3,6 +3,9 @@
 - time_us(fn, iters, warmup, cuda_device=None): median and minimum microseconds of fn() over
   `iters` runs after `warmup` runs. With a cuda device: CUDA events around each run (the GPU's
   time, as `mla bench` measures); without: time.perf_counter_ns around each run (host wall time).
+- interleaved_us(fns, iters, warmup=3, rounds=10): (median, min) of each named host call, timed
+  in `rounds` alternating blocks (a block of each call, then the next round), so that every call
+  sees the same share of a shared machine's quiet and busy spells; host clock only.
 - run_fields(device, commit=None): the fields every row carries: "date" (UTC, ISO 8601),
   "commit" (the argument, else $MLA_COMMIT, else "unknown"), "gpu" (the card as `mla bench`
   writes it: "NAME, N SMs, M GiB"; "cpu" on the cpu), "torch", "python".
@@ -36,11 +39,32 @@ def time_us(fn, iters, warmup=3, cuda_device=None):
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e3)
     else:
-        for _ in range(iters):
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e3)
+        samples = _host_samples(fn, iters)
     return statistics.median(samples), min(samples)
+
+
+def _host_samples(fn, iters):
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    return samples
+
+
+def interleaved_us(fns, iters, warmup=3, rounds=10):
+    """{name: (median, min)} microseconds of each fn of fns ({name: fn}) over iters host-timed
+    runs, after warmup runs of each, taken in `rounds` alternating blocks of iters // rounds."""
+    if iters < rounds or rounds < 1:
+        raise ValueError(f"interleaved_us: need iters >= rounds >= 1, got {iters}, {rounds}")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name] += _host_samples(fn, iters // rounds)
+    return {name: (statistics.median(v), min(v)) for name, v in samples.items()}
 
 
 def card(device):

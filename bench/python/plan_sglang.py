@@ -1,12 +1,15 @@
 """Host time of planning a batch-256 decode through the SGLang adapter (a benchmark, not a test).
 
-Per call, median and min wall time (time.perf_counter_ns) of
+Per call, median and min wall time (time.perf_counter_ns; the calls below alternate in ten
+blocks of 200, benchlib.interleaved_us) of
   op:       torch.ops.mla.absorbed_plan on host int32 tensors (the planner alone)
   plan:     mla.ops.AbsorbedPlan.plan (the op + the Python plan holder)
   adapter:  MLAPagedAttnBackend.init_forward_metadata_out_graph(forward_batch) on a real SGLang
             0.5.23 ForwardBatch (DECODE, with the host mirrors seq_lens_cpu and
             req_pool_indices_cpu SGLang fills), i.e. what SGLang calls before each decode step
-            and each graph replay: mode, lengths, the forward-method rule, the plan.
+            and each graph replay: mode, lengths, the forward-method rule, the plan; once with
+            int32 host mirrors and once with int64 ones, the dtype SGLang 0.5.23's ScheduleBatch
+            keeps seq_lens_cpu and req_pool_indices_cpu in (what a server passes).
 DeepSeek-V3 shape per rank: 128 heads, page size 64, batch 256, q_len 1, kv_len uniform in
 [1, 4096). Needs sglang 0.5.23 importable (scripts/setup-engines.sh). Prints JSON lines.
 Usage: python plan_sglang.py [--device cpu|cuda] [--commit X]
@@ -45,12 +48,17 @@ def main():
     with get_parallel().override(attn_tp_size=1, attn_dcp_size=1, attn_dcp_rank=0):
         be = plugin.BACKEND_CLASSES["mla_paged"](runner)
     r64 = rows.to(torch.int64)
-    fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=bs,
-                      input_ids=torch.zeros(bs, dtype=torch.int64, device=dev),
-                      req_pool_indices=r64.to(dev), seq_lens=kv_lens.to(dev),
-                      out_cache_loc=torch.zeros(bs, dtype=torch.int64, device=dev),
-                      seq_lens_sum=int(kv_lens.sum()), seq_lens_cpu=kv_lens,
-                      req_pool_indices_cpu=rows)
+
+    def batch(host_dtype):
+        return ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=bs,
+                            input_ids=torch.zeros(bs, dtype=torch.int64, device=dev),
+                            req_pool_indices=r64.to(dev), seq_lens=kv_lens.to(dev),
+                            out_cache_loc=torch.zeros(bs, dtype=torch.int64, device=dev),
+                            seq_lens_sum=int(kv_lens.sum()),
+                            seq_lens_cpu=kv_lens.to(host_dtype),
+                            req_pool_indices_cpu=rows.to(host_dtype))
+
+    fb, fb64 = batch(torch.int32), batch(torch.int64)
     plan = ops.AbsorbedPlan(dev, H, P, max_batch=bs, max_q_tokens=bs)
 
     def op_call():
@@ -60,12 +68,17 @@ def main():
     calls = (("absorbed_plan_op", op_call),
              ("AbsorbedPlan.plan", lambda: plan.plan(rows, q_lens, kv_lens)),
              ("sglang_adapter.init_forward_metadata_out_graph",
-              lambda: be.init_forward_metadata_out_graph(fb)))
+              lambda: be.init_forward_metadata_out_graph(fb)),
+             ("sglang_adapter.init_forward_metadata_out_graph[int64 mirrors]",
+              lambda: be.init_forward_metadata_out_graph(fb64)))
+    # Host time, not the GPU's; the calls alternate in blocks (benchlib.interleaved_us), so that
+    # the op and the adapter share a shared cpu's quiet and busy spells and their ratio holds.
+    times = benchlib.interleaved_us(dict(calls), ITERS, warmup=WARMUP)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     rows_out = []
-    for name, fn in calls:
-        med, mn = benchlib.time_us(fn, ITERS, warmup=WARMUP)  # host time, not the GPU's
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+    for name, _ in calls:
+        med, mn = times[name]
         row = {"op": "python_plan", "what": name, "b": bs, "h_q": H, "page_size": P, "s_q": 1,
                "device": str(dev), "us": med, "us_min": mn, "iters": ITERS}
         row.update(benchlib.run_fields(dev, args.commit))

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <bit>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -160,27 +161,62 @@ std::vector<int64_t> absorbed_sizes(int64_t max_batch, int64_t max_q_tokens, int
           static_cast<int64_t>(set.absorbed->workspace_bytes(cap))};
 }
 
+// Host lengths as an int32 span: an int32 tensor is read in place; an int64 one (SGLang keeps
+// its host mirrors seq_lens_cpu and req_pool_indices_cpu in int64) is narrowed into `scratch`,
+// each value checked to fit, so the engine's tensors need no conversion (and no allocation) in
+// Python. Both must be contiguous 1-D cpu tensors.
+std::span<const int32_t> host_lengths(const at::Tensor& t, std::string_view name,
+                                      std::string_view op, std::vector<int32_t>& scratch) {
+  TORCH_CHECK_VALUE(t.defined(), "mla.", op, ": ", name, " is undefined");
+  if (t.scalar_type() != at::kLong) {
+    check_host_i32(t, name, op);
+    return {t.data_ptr<int32_t>(), static_cast<std::size_t>(t.numel())};
+  }
+  TORCH_CHECK_VALUE(t.is_cpu(), "mla.", op, ": ", name, " is on ", t.device(),
+                    "; planning reads host data, pass a cpu tensor");
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.is_contiguous(), "mla.", op, ": ", name,
+                    " must be a contiguous 1-D tensor, got shape ", t.sizes(), " strides ",
+                    t.strides());
+  const int64_t* v = t.data_ptr<int64_t>();
+  scratch.resize(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < scratch.size(); ++i) {
+    TORCH_CHECK_VALUE(v[i] >= INT32_MIN && v[i] <= INT32_MAX, "mla.", op, ": ", name, "[", i,
+                      "] = ", v[i], " does not fit int32");
+    scratch[i] = static_cast<int32_t>(v[i]);
+  }
+  return scratch;
+}
+
+// req_rows, q_lens, kv_lens: int32 or int64 host tensors (one entry per request). extents
+// (optional, int64 cpu [3]): written after a successful plan with what the plan reads, for the
+// table-shape check of a run: the largest req_row (-1 without requests), the largest kv_len, and
+// the end of a flat page list, max over requests of req_rows[b] + ceil(kv_lens[b] / page_size).
 void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const at::Tensor& kv_lens,
                    int64_t staging, const at::Tensor& plan, int64_t num_heads, int64_t page_size,
-                   bool causal, int64_t max_batch, int64_t max_q_tokens, int64_t max_q_len) {
+                   bool causal, int64_t max_batch, int64_t max_q_tokens, int64_t max_q_len,
+                   const std::optional<at::Tensor>& extents) {
   constexpr std::string_view op = "absorbed_plan";
-  check_host_i32(req_rows, "req_rows", op);
-  check_host_i32(q_lens, "q_lens", op);
-  check_host_i32(kv_lens, "kv_lens", op);
-  TORCH_CHECK_VALUE(q_lens.numel() == req_rows.numel() && kv_lens.numel() == req_rows.numel(),
-                    "mla.", op, ": req_rows has ", req_rows.numel(), " entries, q_lens ",
-                    q_lens.numel(), ", kv_lens ", kv_lens.numel(), " (one per request)");
+  thread_local std::vector<int32_t> rows_i32, q_i32, kv_i32;  // int64 inputs, narrowed
+  AbsorbedProblem p;
+  p.req_rows = host_lengths(req_rows, "req_rows", op, rows_i32);
+  p.q_lens = host_lengths(q_lens, "q_lens", op, q_i32);
+  p.kv_lens = host_lengths(kv_lens, "kv_lens", op, kv_i32);
+  TORCH_CHECK_VALUE(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
+                    "mla.", op, ": req_rows has ", p.req_rows.size(), " entries, q_lens ",
+                    p.q_lens.size(), ", kv_lens ", p.kv_lens.size(), " (one per request)");
+  if (extents.has_value()) {
+    const at::Tensor& e = *extents;
+    TORCH_CHECK_VALUE(e.defined() && e.is_cpu() && e.scalar_type() == at::kLong && e.dim() == 1 &&
+                          e.numel() == 3 && e.is_contiguous(),
+                      "mla.", op, ": extents must be a contiguous int64 cpu tensor of 3 entries");
+  }
   const OpSet& set = op_set_for(plan.device(), op);
   const AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, 0,
                          narrow_int(max_q_len, "max_q_len", op),
                          narrow_int(num_heads, "num_heads", op)};
-  AbsorbedProblem p;
   p.num_heads = cap.num_heads;
   p.page_size = narrow_int(page_size, "page_size", op);
   p.causal = causal;
-  p.req_rows = {req_rows.data_ptr<int32_t>(), static_cast<std::size_t>(req_rows.numel())};
-  p.q_lens = {q_lens.data_ptr<int32_t>(), static_cast<std::size_t>(q_lens.numel())};
-  p.kv_lens = {kv_lens.data_ptr<int32_t>(), static_cast<std::size_t>(kv_lens.numel())};
   throw_if_error(set.absorbed->supports(p.num_heads, p.page_size, DType::kBF16), op);
   // The lengths are checked here for every op set (the CUDA planner trusts them). Causal with
   // kv_len < q_len is allowed: the mask is bottom-right aligned (query j sees keys
@@ -196,6 +232,24 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
   }
   plan_and_upload(staging, plan, set.absorbed->plan_bytes(cap), op,
                   [&](std::span<std::byte> host) { return set.absorbed->plan(p, cap, host); });
+  if (extents.has_value()) {
+    // Pages of a request: a shift for the power-of-two page sizes, a division otherwise.
+    const int64_t page = p.page_size;
+    const bool pow2 = (page & (page - 1)) == 0;
+    const int shift = std::countr_zero(static_cast<uint32_t>(page));
+    int64_t max_row = -1, max_kv = 0, flat_end = 0;
+    for (std::size_t b = 0; b < p.req_rows.size(); ++b) {
+      const int64_t row = p.req_rows[b], kv = p.kv_lens[b];
+      const int64_t pages = pow2 ? (kv + page - 1) >> shift : (kv + page - 1) / page;
+      max_row = std::max(max_row, row);
+      max_kv = std::max(max_kv, kv);
+      flat_end = std::max(flat_end, row + pages);
+    }
+    int64_t* e = extents->data_ptr<int64_t>();
+    e[0] = max_row;
+    e[1] = max_kv;
+    e[2] = flat_end;
+  }
 }
 
 // The page table is req_to_token (token-level) or block_table (page ids: [rows, max_blocks], or
@@ -518,7 +572,7 @@ TORCH_LIBRARY(mla, m) {
   m.def(
       "absorbed_plan(Tensor req_rows, Tensor q_lens, Tensor kv_lens, int staging, "
       "Tensor(b!) plan, int num_heads, int page_size, bool causal, int max_batch, "
-      "int max_q_tokens, int max_q_len) -> ()");
+      "int max_q_tokens, int max_q_len, Tensor(c!)? extents=None) -> ()");
   m.def(
       "absorbed_run(Tensor q, Tensor kv_cache, Tensor? req_to_token, Tensor plan, "
       "Tensor(a!) workspace, Tensor(b!) o, Tensor(c!) lse, float sm_scale, float k_scale, "

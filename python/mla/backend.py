@@ -80,10 +80,27 @@ def _cpu_i32(x, name: str = "lengths") -> torch.Tensor:
 
 
 def _host_field(forward_batch, name: str):
-    """forward_batch.<name>_cpu when SGLang keeps a host mirror (no device sync), else <name>."""
+    """forward_batch.<name>_cpu when SGLang keeps a host mirror (no device sync), else <name>:
+    an int32 or int64 host tensor as it is (the plan op reads both; SGLang's mirrors are int64),
+    anything else converted to int32."""
     host = getattr(forward_batch, name + "_cpu", None)
-    return _cpu_i32(host if host is not None else getattr(forward_batch, name),
-                    f"forward_batch.{name}")
+    return _ops._host_lengths(host if host is not None else getattr(forward_batch, name),
+                              f"forward_batch.{name}")
+
+
+class _AbsorbedIO:
+    """The per-layer tensors of an absorbed forward, reused by every layer and step: q rows
+    [tokens, H, 576] (the split call's q and q_rope are copied in), o [tokens, H, 512] and lse
+    [tokens, H] float32, for up to `tokens` tokens."""
+
+    def __init__(self, tokens: int, num_heads: int, dtype, device):
+        self.tokens, self.dtype, self.device = int(tokens), dtype, device
+        self.q = torch.empty(self.tokens, num_heads, LATENT_DIM, dtype=dtype, device=device)
+        self.o = torch.empty(self.tokens, num_heads, KV_LORA_RANK, dtype=dtype, device=device)
+        self.lse = torch.empty(self.tokens, num_heads, dtype=torch.float32, device=device)
+
+    def fits(self, tokens: int, dtype, device) -> bool:
+        return tokens <= self.tokens and dtype == self.dtype and device == self.device
 
 
 class Backend:
@@ -127,6 +144,17 @@ class Backend:
         self._tokens = 0
         self._mode = "decode"
         self._ones_views: Dict[int, torch.Tensor] = {}
+        # Host scratch of the per-step lengths (verify q_lens and kv_lens, draft steps' kv_lens)
+        # and the int32 write locations of the kv_write path, by name: reused, grown on demand.
+        self._scratch: Dict[tuple, torch.Tensor] = {}
+        self._loc_i32: Optional[tuple] = None  # (out_cache_loc given, its int32 copy) this step
+        # The absorbed forward's q / o / lse: one set for eager batches (allocated at the first
+        # absorbed forward, grown when a batch needs more), one for batches planned into the
+        # CUDA-graph plan (sized by init_cuda_graph_state, so a captured graph's addresses never
+        # move). A decode layer's output is a view of this set's o: valid until the next
+        # absorbed forward call of this backend (the model projects it through W_UV first).
+        self._io: Optional[_AbsorbedIO] = None
+        self._graph_io: Optional[_AbsorbedIO] = None
         self._no_prefix = torch.zeros(0, dtype=torch.int32)  # modes without extend prefixes
         self.stats = {"init_forward_metadata_calls": 0, "absorbed_plans": 0, "mha_plans": 0,
                       "mha_chunk_plans": 0, "graph_plans": 0}
@@ -155,6 +183,37 @@ class Backend:
             t = self._ones_views[bs] = torch.ones(bs, dtype=torch.int32)
         return t
 
+    def _scratch_of(self, name: str, n: int, dtype, device=None) -> torch.Tensor:
+        """A reused 1-D buffer of n elements (a view of one grown on demand, never shrunk)."""
+        key = (name, dtype, device)
+        t = self._scratch.get(key)
+        if t is None or t.numel() < n:
+            t = self._scratch[key] = torch.empty(max(n, 2 * (t.numel() if t is not None else 0),
+                                                     self.max_batch),
+                                                 dtype=dtype, device=device)
+        return t[:n]
+
+    def _add(self, name: str, t: torch.Tensor, n: int) -> torch.Tensor:
+        """t + n into a reused host buffer of t's dtype."""
+        return torch.add(t, n, out=self._scratch_of(name, t.numel(), t.dtype))
+
+    def _absorbed_io(self, tokens: int, dtype, device) -> _AbsorbedIO:
+        """The q / o / lse set of the batch last planned: the graph plan's, or the eager one
+        (first allocated for the capacity, max_batch tokens, except ondemand_mla, which
+        allocates what the batch needs; doubled when a batch needs more)."""
+        if self._plan is self._graph_plan and self._graph_plan is not None:
+            io = self._graph_io
+            if io is None or not io.fits(tokens, dtype, device):
+                io = self._graph_io = _AbsorbedIO(
+                    max(tokens, self._graph_plan.max_q_tokens), self.num_heads, dtype, device)
+            return io
+        io = self._io
+        if io is None or not io.fits(tokens, dtype, device):
+            grown = 2 * io.tokens if io is not None and io.dtype == dtype else 0
+            base = 0 if self.name == "ondemand_mla" else self.max_batch
+            io = self._io = _AbsorbedIO(max(tokens, grown, base), self.num_heads, dtype, device)
+        return io
+
     def _lengths(self, forward_batch, mode: str):
         """Host (seq, q_lens, kv_lens, prefix) of a batch, from SGLang's host mirrors."""
         seq = _host_field(forward_batch, "seq_lens")
@@ -168,8 +227,8 @@ class Backend:
                 raise ValueError(f"forward_batch.spec_info.draft_token_num = {n!r}: a "
                                  "target_verify batch needs the number of draft tokens (>= 1)")
             n = int(n)
-            q = torch.full((bs,), n, dtype=torch.int32)
-            return seq, q, seq + n, None
+            q = self._scratch_of("verify_q_lens", bs, torch.int32).fill_(n)
+            return seq, q, self._add("verify_kv_lens", seq, n), None
         ext = _cpu_i32(forward_batch.extend_seq_lens_cpu, "forward_batch.extend_seq_lens_cpu")
         prefix = _cpu_i32(forward_batch.extend_prefix_lens_cpu,
                           "forward_batch.extend_prefix_lens_cpu")
@@ -214,12 +273,19 @@ class Backend:
         decode = mode in ("decode", "idle")
         self._tokens = q_lens.numel() if decode else int(q_lens.sum())
         self.forward_method = self._choose(mode, prefix, seq)
+        self._loc_i32 = None
         if self._chunk_plans:
             self._chunk_plans = []
         if mode == "idle" or self._tokens == 0:
             return
         if self.forward_method == "absorbed":
-            bs, q_max = q_lens.numel(), 1 if decode else int(q_lens.max())
+            bs = q_lens.numel()
+            if decode:
+                q_max = 1
+            elif mode == "target_verify":  # every request scores the same number of drafts
+                q_max = int(q_lens[0])
+            else:
+                q_max = int(q_lens.max())
             g = self._graph_plan
             if (mode in ("decode", "target_verify") and g is not None and bs <= g.max_batch
                     and self._tokens <= g.max_q_tokens and q_max <= g.max_q_len):
@@ -227,8 +293,8 @@ class Backend:
                 self.stats["graph_plans"] += 1
             else:
                 p = self._absorbed_plan(bs, self._tokens, q_max)
-            rows = _host_field(forward_batch, "req_pool_indices")
-            p.plan(rows, q_lens, kv_lens)
+            # Host int32 / int64 tensors already (_host_field, _ones, the reused buffers).
+            p._plan_host(_host_field(forward_batch, "req_pool_indices"), q_lens, kv_lens)
             self._plan = p
             self.stats["absorbed_plans"] += 1
             return
@@ -284,6 +350,10 @@ class Backend:
         self._graph_plan = _ops.AbsorbedPlan(self.device, self.num_heads, self.page_size,
                                              max_batch=int(max_bs),
                                              max_q_tokens=int(max_num_tokens), max_q_len=q_len)
+        # The q / o / lse a captured graph points at, allocated now (bf16, the served q dtype)
+        # so that capture never allocates them and they never move.
+        self._graph_io = _AbsorbedIO(int(max_num_tokens), self.num_heads, torch.bfloat16,
+                                     self.device)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
@@ -356,8 +426,21 @@ class Backend:
                                    k_rope.reshape(-1, 1, ROPE_DIM))
             return
         _ops.kv_write(k.reshape(k.shape[0], -1), k_rope.reshape(k_rope.shape[0], -1),
-                      forward_batch.out_cache_loc.to(torch.int32), self._latent_cache(layer),
-                      self.k_scale)
+                      self._out_cache_loc_i32(forward_batch.out_cache_loc),
+                      self._latent_cache(layer), self.k_scale)
+
+    def _out_cache_loc_i32(self, loc: torch.Tensor) -> torch.Tensor:
+        """The batch's write locations as int32 (what kv_write reads): SGLang's int64
+        out_cache_loc is copied into a reused buffer once per batch, not once per layer."""
+        if loc.dtype == torch.int32:
+            return loc
+        cached = self._loc_i32
+        if cached is not None and cached[0] is loc:
+            return cached[1]
+        out = self._scratch_of("out_cache_loc", loc.numel(), torch.int32, loc.device)
+        out.copy_(loc.reshape(-1))
+        self._loc_i32 = (loc, out)
+        return out
 
     def _refuse_kwargs(self, kwargs) -> None:
         for name in _UNSUPPORTED_KWARGS:
@@ -374,12 +457,15 @@ class Backend:
         T, H = self._tokens, self.num_heads
         if save_kv_cache and k is not None:
             self._save(layer, forward_batch, k, k_rope)
+        # Every tensor below is a view of the reused set (no allocation per layer): the split
+        # call's q and q_rope are joined into its q rows, the kernel writes its o and lse.
+        io = self._absorbed_io(T, q.dtype, q.device)
         if q_rope is not None:
-            q = torch.cat([q.reshape(T, H, KV_LORA_RANK), q_rope.reshape(T, H, ROPE_DIM)], dim=-1)
+            q = torch.cat([q.reshape(T, H, KV_LORA_RANK), q_rope.reshape(T, H, ROPE_DIM)], dim=-1,
+                          out=io.q[:T])
         else:
             q = q.reshape(T, H, LATENT_DIM)
-        o = torch.empty(T, H, KV_LORA_RANK, dtype=q.dtype, device=q.device)
-        lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+        o, lse = io.o[:T], io.lse[:T]
         self._plan.run(q, self._latent_cache(layer), self.req_to_token_pool.req_to_token, o, lse,
                        getattr(layer, "scaling", self.sm_scale), self.k_scale)
         return o.view(T, H * KV_LORA_RANK)
@@ -443,6 +529,13 @@ class Backend:
         if self._graph_plan is not None:
             add("graph.absorbed_plan", self._graph_plan.plan_tensor)
             add("graph.workspace", self._graph_plan.workspace)
+        for (name, dtype, device), t in self._scratch.items():
+            add(f"scratch.{name}", t)
+        for prefix, io in (("absorbed", self._io), ("graph.absorbed", self._graph_io)):
+            if io is not None:
+                add(f"{prefix}_q", io.q)
+                add(f"{prefix}_o", io.o)
+                add(f"{prefix}_lse", io.lse)
         if self._mha is not None:
             add("mha_plan", self._mha._staging.plan)
             add("mha_workspace", self._mha.workspace)

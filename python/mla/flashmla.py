@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Tuple
+import weakref
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -71,6 +72,11 @@ class FlashMLASchedMeta:
     cache_seqlens: Optional[torch.Tensor] = None  # int32 cpu copy
     num_heads_per_head_k: Optional[int] = None  # the three-argument form's s_q * h_q
     plan: Optional[AbsorbedPlan] = None
+    # config as one tuple (_call_key of a call), compared first by every later call.
+    _key: Optional[tuple] = dataclasses.field(default=None, repr=False, compare=False)
+    # Whether a query row may see no key (then its lse is -inf from the op, +inf here): some
+    # cache_seqlens is 0, or causal with one below s_q (the mask of the module docstring).
+    _keyless_rows: bool = dataclasses.field(default=True, repr=False, compare=False)
 
 
 MlaMetadata = FlashMLASchedMeta  # the name earlier mla versions used
@@ -146,15 +152,69 @@ def _check_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, is_fp8_kvc
                              f"({dims}-D)")
 
 
+def _call_key(q, k_cache, causal, is_fp8_kvcache) -> tuple:
+    """What a metadata's config records of a call, as one cheap tuple."""
+    return (q.shape, k_cache.shape[1], k_cache.shape[2], bool(causal), bool(is_fp8_kvcache),
+            q.device)
+
+
 def _config_of(q, k_cache, causal, is_fp8_kvcache) -> FlashMLASchedMeta.Config:
     b, s_q, h_q, _ = q.shape
     return FlashMLASchedMeta.Config(b, s_q, h_q, k_cache.shape[1], k_cache.shape[2],
                                     bool(causal), bool(is_fp8_kvcache), str(q.device))
 
 
+# Plan holders of this call form, reused across metadata objects: FlashMLA's callers make a new
+# get_mla_metadata() object every step, and a holder (plan tensor, workspace, staging ring) per
+# object would be built and freed every step. A holder is free again once the metadata object
+# that planned into it is gone (its weak reference is dead); the first call of a new object takes
+# a free holder of its kind (device, heads, page size, causal) whose capacity holds the batch,
+# else replaces a free one too small (with at least twice its batch), else adds one.
+_HOLDERS: Dict[tuple, List[list]] = {}  # kind -> [[AbsorbedPlan, weakref to its metadata]]
+_ROWS: Dict[int, torch.Tensor] = {}  # 0: req_rows 0, 1, 2, ... (block_table rows), reused
+_Q_LENS: Dict[int, torch.Tensor] = {}  # s_q -> q_lens all s_q, reused
+
+
+def _holder(meta, device, h_q: int, page: int, causal: bool, b: int, s_q: int) -> AbsorbedPlan:
+    entries = _HOLDERS.setdefault((str(device), h_q, page, causal), [])
+    small = None
+    for entry in entries:
+        if entry[1]() is not None:
+            continue  # its metadata is still alive: it may still run
+        plan = entry[0]
+        if plan.max_batch >= b and plan.max_q_tokens >= b * s_q and plan.max_q_len >= s_q:
+            entry[1] = weakref.ref(meta)
+            return plan
+        small = entry
+    grow = small[0].max_batch * 2 if small is not None else 1
+    batch = max(b, grow, 1)
+    plan = AbsorbedPlan(device, h_q, page, causal=causal, max_batch=batch,
+                        max_q_tokens=max(batch * s_q, 1), max_q_len=max(s_q, 1))
+    if small is not None:
+        small[0], small[1] = plan, weakref.ref(meta)
+    else:
+        entries.append([plan, weakref.ref(meta)])
+    return plan
+
+
+def _fill(cache: Dict[int, torch.Tensor], key: int, n: int, make) -> torch.Tensor:
+    """The first n entries of a cached int32 host tensor, rebuilt larger when needed."""
+    t = cache.get(key)
+    if t is None or t.numel() < n:
+        t = cache[key] = make(max(n, 2 * (t.numel() if t is not None else 0)))
+    return t[:n]
+
+
 def _plan_for(meta: FlashMLASchedMeta, q, k_cache, cache_seqlens, causal,
               is_fp8_kvcache) -> AbsorbedPlan:
-    """The metadata's plan: made on its first use, else checked against this call."""
+    """The metadata's plan: made on its first use, else checked against this call (the
+    config as one tuple first; field by field, to name the field, only when it differs)."""
+    key = _call_key(q, k_cache, causal, is_fp8_kvcache)
+    if meta.have_initialized and key == meta._key:
+        if cache_seqlens.is_cpu and not torch.equal(cache_seqlens, meta.cache_seqlens):
+            raise ValueError("cache_seqlens: its values differ from those the metadata was "
+                             "planned with; call mla.get_mla_metadata() again")
+        return meta.plan
     config = _config_of(q, k_cache, causal, is_fp8_kvcache)
     if meta.have_initialized:
         for field in dataclasses.fields(config):
@@ -180,11 +240,14 @@ def _plan_for(meta: FlashMLASchedMeta, q, k_cache, cache_seqlens, causal,
     elif cache_seqlens.is_cpu and not torch.equal(cache_seqlens, meta.cache_seqlens):
         raise ValueError("cache_seqlens: its values differ from those get_mla_metadata was "
                          "given")
-    plan = AbsorbedPlan(q.device, h_q, config.page_block_size, causal=config.causal,
-                        max_batch=max(b, 1), max_q_tokens=max(b * s_q, 1), max_q_len=max(s_q, 1))
-    plan.plan(torch.arange(b, dtype=torch.int32), torch.full((b,), s_q, dtype=torch.int32),
-              meta.cache_seqlens)
+    plan = _holder(meta, q.device, h_q, config.page_block_size, config.causal, b, s_q)
+    rows = _fill(_ROWS, 0, b, lambda n: torch.arange(n, dtype=torch.int32))
+    q_lens = _fill(_Q_LENS, s_q, b, lambda n: torch.full((n,), s_q, dtype=torch.int32))
+    plan.plan(rows, q_lens, meta.cache_seqlens)
     meta.plan, meta.config, meta.have_initialized = plan, config, True
+    meta._key = key
+    shortest = int(meta.cache_seqlens.min()) if b else 0
+    meta._keyless_rows = shortest == 0 or (config.causal and shortest < s_q)
     return plan
 
 
@@ -241,6 +304,11 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor,
     lse = torch.empty(b * s_q, h, dtype=torch.float32, device=q.device)
     plan.run(q.reshape(b * s_q, h, LATENT_DIM), k_cache.view(-1, LATENT_DIM), None, o_rows, lse,
              scale, k_scale, block_table=block_table)
-    lse = lse.view(b, s_q, h).transpose(1, 2)
-    # FlashMLA's convention for a row without keys (mla's ops: -inf).
-    return out, lse.masked_fill(lse == -math.inf, math.inf).contiguous()
+    # FlashMLA's convention for a row without keys (mla's ops: -inf), in place, only when the
+    # metadata's lengths allow such a row; NaN and +inf stay. Then FlashMLA's layout
+    # (b, h_q, s_q): the same bytes for s_q = 1, a copy otherwise.
+    if tile_scheduler_metadata._keyless_rows:
+        lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)
+    if s_q == 1:
+        return out, lse.view(b, h, 1)
+    return out, lse.view(b, s_q, h).transpose(1, 2).contiguous()

@@ -37,6 +37,19 @@ def _host_i32(x, name: str) -> torch.Tensor:
     return torch.tensor(list(x), dtype=torch.int32)
 
 
+def _host_lengths(x, name: str) -> torch.Tensor:
+    """What the plan ops read as host lengths: a contiguous 1-D int32 or int64 cpu tensor is
+    passed as it is (the op narrows int64 itself: SGLang's host mirrors are int64, and a
+    conversion here would allocate per plan); anything else as _host_i32 converts it."""
+    if (isinstance(x, torch.Tensor) and x.dtype in _LENGTH_DTYPES and x.dim() == 1 and x.is_cpu
+            and x.is_contiguous()):
+        return x
+    return _host_i32(x, name)
+
+
+_LENGTH_DTYPES = (torch.int32, torch.int64)
+
+
 class _Staging:
     """The device plan buffer and the native pinned staging ring it is uploaded through.
 
@@ -93,6 +106,9 @@ class AbsorbedPlan:
         self.plan_bytes = plan_bytes
         self._staging = _Staging(self.device, plan_bytes)
         self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
+        # What the last plan reads, written by the plan op (no reduction here): the largest
+        # req_row, the largest kv_len and a flat page list's end (see _check_table_shape).
+        self._extents = torch.zeros(3, dtype=torch.int64)
         self.planned = False
 
     @property
@@ -104,20 +120,21 @@ class AbsorbedPlan:
         return self._staging.blocking_waits()
 
     def plan(self, req_rows, q_lens, kv_lens) -> "AbsorbedPlan":
-        """Plans a batch from host lengths (lists or tensors; device tensors are copied to the
-        host, which waits for them)."""
-        rows = _host_i32(req_rows, "req_rows")
-        ql = _host_i32(q_lens, "q_lens")
-        kl = _host_i32(kv_lens, "kv_lens")
+        """Plans a batch from host lengths (lists or tensors; int32 and int64 cpu tensors are
+        read in place by the op, device tensors are copied to the host, which waits for them)."""
+        return self._plan_host(_host_lengths(req_rows, "req_rows"),
+                               _host_lengths(q_lens, "q_lens"), _host_lengths(kv_lens, "kv_lens"))
+
+    def _plan_host(self, rows: torch.Tensor, ql: torch.Tensor, kl: torch.Tensor):
+        """plan() from lengths already as _host_lengths returns them (for callers that made
+        them so, as mla.Backend: not checked twice per plan)."""
         ops.absorbed_plan(rows, ql, kl, self._staging.handle, self._staging.plan,
                           self.num_heads, self.page_size, self.causal, self.max_batch,
-                          self.max_q_tokens, self.max_q_len)
+                          self.max_q_tokens, self.max_q_len, self._extents)
         self._rows, self._kv_lens = rows, kl  # for check_pages (references, no copy)
         # The table extents the plan reads, checked against the table's shape in run() (on
         # the host, no sync): the cuda kernel bounds the slots it reads, not its table reads.
-        self._max_row = int(rows.max()) if rows.numel() else -1
-        self._max_kv = int(kl.max()) if kl.numel() else 0
-        self._flat_end = None  # the flat page list's, computed on first use
+        self._max_row, self._max_kv, self._flat_end = self._extents.tolist()
         self.planned = True
         return self
 
@@ -142,8 +159,6 @@ class AbsorbedPlan:
                 raise ValueError(f"{name}: {table.shape[1]} columns, but the plan reads "
                                  f"{need} for a request of {self._max_kv} keys (page {P})")
         elif table.dim() == 1 and block_table is not None:
-            if self._flat_end is None:
-                self._flat_end = int((self._rows + (self._kv_lens + P - 1) // P).max())
             if self._flat_end > table.shape[0]:
                 raise ValueError(f"block_table: a flat page list of {table.shape[0]} entries, "
                                  f"but the plan reads up to entry {self._flat_end - 1} "

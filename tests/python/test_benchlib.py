@@ -36,6 +36,16 @@ def test_time_us_rejects_no_iterations():
         benchlib.time_us(lambda: None, 0)
 
 
+def test_interleaved_us_alternates_blocks_of_each_call():
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    times = benchlib.interleaved_us(fns, 4, warmup=1, rounds=2)
+    assert order == ["a", "b"] + ["a", "a", "b", "b"] * 2  # warm-up, then two rounds
+    assert set(times) == {"a", "b"} and all(0 <= mn <= med for med, mn in times.values())
+    with pytest.raises(ValueError, match="need iters >= rounds >= 1, got 1, 2"):
+        benchlib.interleaved_us(fns, 1, rounds=2)
+
+
 def test_rows_carry_date_commit_card_and_append(tmp_path, monkeypatch):
     monkeypatch.setenv("MLA_COMMIT", "abc1234")
     row = benchlib.run_fields(torch.device("cpu"))

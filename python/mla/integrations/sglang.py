@@ -251,7 +251,7 @@ if _SGLangBase is not None:
             # token sees the i + 1 draft tokens written past it (prepare_for_draft writes
             # them at req_to_token[row, seq_len:seq_len + steps]).
             seq, q_lens, kv_lens, prefix = lengths
-            return seq, q_lens, kv_lens + (self.draft_step + 1), prefix
+            return seq, q_lens, self._add("draft_kv_lens", kv_lens, self.draft_step + 1), prefix
 
         def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
             return None  # chain verify: no tree mask or positions to refill
