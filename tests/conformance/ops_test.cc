@@ -149,7 +149,8 @@ TEST(CpuAbsorbed, PlanRejectsProblemsOverCapacity) {
   StatusOr<std::size_t> r = op.plan(p, f.cap, f.plan);  // cap.max_batch is 1
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("batch size 2 exceeds capacity 1"), std::string::npos)
+  EXPECT_NE(r.status().message().find("batch size 2 exceeds capacity max_batch = 1"),
+            std::string::npos)
       << r.status().message();
   AttnCapacity big = f.cap;
   big.max_batch = 2;
@@ -246,8 +247,7 @@ TEST(CpuAbsorbed, FlatPageListWithOffsetsEqualsReqToTokenBitwise) {
   a.block_table.shape[0] -= 1;
   const Status s = cpu_ops().absorbed->run(a, {});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("exceeds the 64 keys block_table row 5 holds"), std::string::npos)
-      << s.message();
+  EXPECT_NE(s.message().find("block_table: a flat page list of"), std::string::npos) << s.message();
 }
 
 TEST(CpuAbsorbed, BlockTableBadInputNamesTheFieldAndWritesNothing) {
@@ -275,7 +275,7 @@ TEST(CpuAbsorbed, BlockTableBadInputNamesTheFieldAndWritesNothing) {
   expect_error(a, "block_table: expected i32");
   a.block_table = TensorView(f.layout.block_table.data(), DType::kI32, kCpu,
                              {f.layout.num_rows, 1});  // too few blocks for 33 keys of page 16
-  expect_error(a, "block_table row");
+  expect_error(a, "block_table: 1 columns, but request 1 reads 3 for its 33 keys");
   // A page id past the cache: named, and nothing written.
   a.block_table = blocks;
   f.layout.block_table[f.layout.req_rows[1] * f.layout.max_blocks + 2] = 1 << 24;

@@ -11,7 +11,8 @@ StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DT
     return unsupported("cuda absorbed: num_heads = {} (supported: 1 to {})", num_heads, kMaxHeads);
   }
   if (!is_supported_page_size(page_size)) {
-    return unsupported("cuda absorbed: page_size = {} (supported: 1, 16, 32, 64, 128)", page_size);
+    return unsupported("cuda absorbed: page_size = {} (supported: {})", page_size,
+                       page_sizes_text());
   }
   if (q_len < 1) return unsupported("cuda absorbed: q_len = {} must be at least 1", q_len);
   KernelChoice c;

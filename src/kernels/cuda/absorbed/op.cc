@@ -57,9 +57,9 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
       MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f,
                     "k_scale = {} must be positive for an fp8 cache", a.k_scale);
     }
-    MLA_CHECK_ARG(a.q.ndim == 3, "q: expected [T, H, 576], got {}", a.q.describe());
+    MLA_CHECK_ARG(a.q.ndim == 3, "q: expected [T, H, {}], got {}", kLatentDim, a.q.describe());
     const int64_t tokens = a.q.shape[0], heads = a.q.shape[1];
-    MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, 576}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, kLatentDim}, dev));
     MLA_CHECK_ARG(heads >= 1 && heads <= absorbed::kMaxHeads,
                   "q: num_heads = {} (supported: 1 to {})", heads, absorbed::kMaxHeads);
     // The kernel depends on neither q_len nor the page (tests/unit/cuda_absorbed_choose_test.cc),
@@ -68,9 +68,10 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     // header).
     MLA_ASSIGN_OR_RETURN(const absorbed::KernelChoice choice,
                          absorbed::choose_kernel(static_cast<int>(heads), 1, 1, a.kv_cache.dtype));
-    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, 576}, dev));
+    MLA_RETURN_IF_ERROR(
+        expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, kLatentDim}, dev));
     MLA_ASSIGN_OR_RETURN(const PageTable table, absorbed_page_table(a, dev));
-    MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {tokens, heads, 512}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {tokens, heads, kKvLoraRank}, dev));
     MLA_RETURN_IF_ERROR(expect_tensor(a.lse, "lse", DType::kF32, {tokens, heads}, dev));
     MLA_CHECK_ARG(a.plan != nullptr, "plan: null (upload plan() output first)");
     const int ctas = grid_ctas();
@@ -120,7 +121,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
       t.base = a.kv_cache.data;
       t.elem_bytes = fp8 ? 1 : 2;
       t.rows = a.kv_cache.shape[0];
-      t.cols = 576;
+      t.cols = kLatentDim;
       t.row_stride_elems = a.kv_cache.stride[0];
       t.box_rows = absorbed::kTmaBoxRows;
       t.box_cols = 64;
