@@ -45,8 +45,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
 
   StatusOr<std::size_t> plan(const AbsorbedProblem& problem, const AttnCapacity& cap,
                              std::span<std::byte> host_plan) const override {
-    MLA_RETURN_IF_ERROR(supports(problem.num_heads, problem.page_size, DType::kBF16));
-    return absorbed::build_plan(problem, cap, grid_ctas(), host_plan);
+    return absorbed::build_plan(problem, cap, grid_ctas(), host_plan);  // chooses once
   }
 
   Status run(const AbsorbedArgs& a, const ExecContext& ctx) const override {
@@ -62,12 +61,13 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
     MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, kLatentDim}, dev));
     MLA_CHECK_ARG(heads >= 1 && heads <= absorbed::kMaxHeads,
                   "q: num_heads = {} (supported: 1 to {})", heads, absorbed::kMaxHeads);
-    // The kernel depends on neither q_len nor the page (tests/unit/cuda_absorbed_choose_test.cc),
+    // The kernel entry depends on the cache dtype alone (tests/unit/cuda_absorbed_choose_test.cc),
     // so a captured graph replays the same kernel after any re-plan; the tile rows and the key
-    // load path that do depend on them are the plan's (plan() wrote the chooser's into its
-    // header).
-    MLA_ASSIGN_OR_RETURN(const absorbed::KernelChoice choice,
-                         absorbed::choose_kernel(static_cast<int>(heads), 1, 1, a.kv_cache.dtype));
+    // load path are the plan's (build_plan wrote the chooser's into its header). No choice here.
+    MLA_CHECK_CODE(StatusCode::kUnsupported,
+                   a.kv_cache.dtype == DType::kBF16 || a.kv_cache.dtype == DType::kFP8E4M3,
+                   "cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
+                   dtype_name(a.kv_cache.dtype));
     MLA_RETURN_IF_ERROR(
         expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, kLatentDim}, dev));
     MLA_ASSIGN_OR_RETURN(const PageTable table, absorbed_page_table(a, dev));
@@ -112,7 +112,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
                   "the kernel's logit scale sm_scale * k_scale * log2(e) * 2^120 is a float)",
                   a.sm_scale * a.k_scale);
     p.o_scale = fp8 ? a.k_scale : 1.f;
-    p.kernel = static_cast<int32_t>(choice.kernel);
+    p.kernel = static_cast<int32_t>(absorbed::kernel_for_cache(a.kv_cache.dtype));
     p.num_heads = static_cast<int32_t>(heads);
     {  // used when the plan says TMA (choose_kernel: pages of 64 and more)
       // bf16: boxes of 64 key rows x 64 columns in the 128-byte swizzle (the wgmma layout);

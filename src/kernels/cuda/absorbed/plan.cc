@@ -527,13 +527,6 @@ int64_t partials_in_workspace(std::size_t bytes) {
   return n;
 }
 
-int rows_per_tile(int num_heads, int max_q_len) {
-  const int64_t rows = int64_t{num_heads} * std::max(max_q_len, 1);
-  if (rows <= 16) return 16;
-  if (rows <= 32) return 32;
-  return kMaxRows;
-}
-
 StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& cap, int num_ctas,
                                  std::span<std::byte> host_plan) {
   const int bs = static_cast<int>(p.req_rows.size());
