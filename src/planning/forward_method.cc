@@ -38,6 +38,17 @@ bool should_fall_back(const MethodOptions& options, const ForwardBatch& batch) {
          options.piecewise_cuda_graph || options.batch_invariant;
 }
 
+BatchMethod decide_batch_method(ExtendRule rule, const MethodOptions& options,
+                                const ForwardBatch& batch) {
+  BatchMethod d;
+  d.fell_back = should_fall_back(options, batch);
+  if (!is_plain_extend(batch.mode) || d.fell_back) return d;  // absorbed
+  d.method = rule == ExtendRule::kChunkedUnlessFallback
+                 ? ForwardMethod::kMhaChunked
+                 : choose_forward_method(rule, options, batch);
+  return d;
+}
+
 ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& options,
                                     const ForwardBatch& batch) {
   if (!is_plain_extend(batch.mode)) return ForwardMethod::kAbsorbed;

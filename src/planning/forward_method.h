@@ -49,4 +49,13 @@ bool should_fall_back(const MethodOptions& options, const ForwardBatch& batch);
 ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& options,
                                     const ForwardBatch& batch);
 
+// Both answers for one batch, the fallback rule asked once: what a chunked-prefix backend's
+// init_forward_metadata needs (the method, and whether it is the fallback's absorbed prefill).
+struct BatchMethod {
+  ForwardMethod method = ForwardMethod::kAbsorbed;
+  bool fell_back = false;  // should_fall_back(options, batch)
+};
+BatchMethod decide_batch_method(ExtendRule rule, const MethodOptions& options,
+                                const ForwardBatch& batch);
+
 }  // namespace mla::planning

@@ -200,6 +200,42 @@ TEST(FallbackRule, DecodeVerifyAndDraftExtendNeverFallBack) {
   }
 }
 
+// decide_batch_method (chunked_mla's init_forward_metadata asks the fallback rule once) gives
+// what the rule and the chooser give separately, for every mode, rule and option combination.
+TEST(FallbackRule, DecideBatchMethodAgreesWithTheRuleAndTheChooser) {
+  ForwardBatch decode;
+  decode.mode = ForwardMode::kDecode;
+  decode.batch_size = 2;
+  decode.req_pool_indices = {1, 2};
+  decode.seq_lens = {5, 9};
+  finalize_batch(decode);
+  const ForwardBatch batches[] = {
+      decode,
+      extend_batch(ForwardMode::kExtend, {0, 8}, {4, 4}),
+      extend_batch(ForwardMode::kExtend, {0, 0}, {4, 4}),
+      extend_batch(ForwardMode::kMixed, {3, 9}, {1, 5}),
+      extend_batch(ForwardMode::kDraftExtend, {7, 9}, {2, 1}),
+  };
+  for (int bits = 0; bits < 16; ++bits) {
+    BackendOptions o;
+    o.disable_chunked_prefix_cache = (bits & 1) != 0;
+    o.piecewise_cuda_graph = (bits & 2) != 0;
+    o.batch_invariant = (bits & 4) != 0;
+    o.mha_prefix_threshold = (bits & 8) != 0 ? 1 : 1 << 20;
+    o.chunked_prefix_capacity = 10;
+    const planning::MethodOptions mo = backends::method_options(o);
+    for (const ForwardBatch& b : batches) {
+      for (auto rule :
+           {planning::ExtendRule::kPrefixThreshold, planning::ExtendRule::kChunkedUnlessFallback}) {
+        const planning::BatchMethod d = planning::decide_batch_method(rule, mo, b);
+        EXPECT_EQ(d.fell_back, planning::should_fall_back(mo, b)) << bits;
+        EXPECT_EQ(d.method, planning::choose_forward_method(rule, mo, b))
+            << bits << " " << forward_mode_name(b.mode);
+      }
+    }
+  }
+}
+
 TEST(ForwardMethodChooser, PagedMlaRules) {
   BackendOptions o;
   o.mha_prefix_threshold = 100;

@@ -58,8 +58,11 @@ Status ChunkedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {
   PlanTimer timer(this);
   ++stats_.init_forward_metadata_calls;
   MLA_RETURN_IF_ERROR(validate(batch));
-  // Decided afresh for every batch, so an extend's fallback never leaks into the next batch.
-  fell_back_ = planning::should_fall_back(method_options(options_), batch);
+  // Decided afresh for every batch, so an extend's fallback never leaks into the next batch; the
+  // fallback rule is asked once for both the fallback and the method.
+  const planning::BatchMethod d =
+      planning::decide_batch_method(kExtendRule, method_options(options_), batch);
+  fell_back_ = d.fell_back;
   if (fell_back_) {
     ++stats_.fallbacks;
     if (parent_) {
@@ -75,7 +78,7 @@ Status ChunkedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {
     }
     return plan_eager(batch, ForwardMethod::kAbsorbed, false);
   }
-  return plan_eager(batch, choose_forward_method(batch), /*plan_chunks=*/true);
+  return plan_eager(batch, d.method, /*plan_chunks=*/true);
 }
 
 Status ChunkedMlaBackend::init_mha_chunk_metadata(const ForwardBatch& batch, bool disable_ragged) {
