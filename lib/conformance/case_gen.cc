@@ -1,6 +1,7 @@
 #include "conformance/case_gen.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -148,6 +149,27 @@ LatentCache make_latent_cache(const PagedLayout& layout, DType dtype, float k_sc
   }
   // fp8 filler: 100 is not representable exactly; keep `stored` equal to what is stored.
   if (dtype == DType::kFP8E4M3) c.stored = decode_to_float(c.bytes, dtype);
+  return c;
+}
+
+LatentCache quantize_to_fp8(const LatentCache& bf16_cache, const PagedLayout& layout) {
+  const int dim = bf16_cache.latent_dim;
+  float amax = 0.f;
+  for (std::size_t b = 0; b < layout.kv_lens.size(); ++b) {
+    for (int64_t i = 0; i < layout.kv_lens[b]; ++i) {
+      const float* row = bf16_cache.stored.data() + layout.slot(static_cast<int>(b), i) * dim;
+      for (int d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(row[d]));
+    }
+  }
+  LatentCache c = bf16_cache;
+  c.dtype = DType::kFP8E4M3;
+  c.k_scale = amax > 0.f ? amax / 448.f : 1.f;
+  c.bytes.resize(c.stored.size());
+  for (std::size_t i = 0; i < c.stored.size(); ++i) {
+    const fp8_e4m3 v = fp8_e4m3::from_float(bf16_cache.stored[i] / c.k_scale);
+    std::memcpy(c.bytes.data() + i, &v.bits, 1);
+    c.stored[i] = v.to_float();
+  }
   return c;
 }
 

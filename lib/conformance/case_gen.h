@@ -74,6 +74,12 @@ struct LatentCache {
 LatentCache make_latent_cache(const PagedLayout& layout, DType dtype, float k_scale, Rng& rng,
                               int latent_dim = 576);
 
+// A bf16 cache stored as fp8 e4m3 the way the engines store one: the per-tensor scale
+// k_scale = amax / 448 over the rows the layout's requests use (448: e4m3's largest finite value),
+// each value / k_scale rounded to nearest even (unused slots saturate). `stored` holds the e4m3
+// values; their dequantised value is stored * k_scale.
+LatentCache quantize_to_fp8(const LatentCache& bf16_cache, const PagedLayout& layout);
+
 // Dequantised value the ops must use for a stored cache value: stored * k_scale for fp8,
 // stored for bf16 (k_scale ignored: SYSTEM.md 7).
 inline double dequant(float stored, DType cache_dtype, float k_scale) {

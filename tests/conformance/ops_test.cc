@@ -135,24 +135,8 @@ TEST(CpuAbsorbed, Fp8CacheAppliesKScale) {
 TEST(CpuAbsorbed, Fp8CacheErrorAgainstTheBf16CacheIsBounded) {
   AbsorbedFixture f({1, 2, 1}, {300, 700, 1000}, DType::kBF16, 1.0f, 17);
   const std::vector<float> bf16_values = f.cache.stored;
-  float amax = 0.f;
-  for (std::size_t b = 0; b < f.kv_lens.size(); ++b) {
-    for (int64_t t = 0; t < f.kv_lens[b]; ++t) {
-      const int64_t slot = f.layout.slot(static_cast<int>(b), t);
-      for (int d = 0; d < 576; ++d) {
-        amax = std::max(amax, std::fabs(bf16_values[slot * 576 + d]));
-      }
-    }
-  }
-  const float k_scale = amax / 448.f;
-  f.cache.dtype = DType::kFP8E4M3;
-  f.cache.k_scale = k_scale;
-  f.cache.bytes.resize(bf16_values.size());
-  for (std::size_t i = 0; i < bf16_values.size(); ++i) {
-    const fp8_e4m3 v = fp8_e4m3::from_float(bf16_values[i] / k_scale);
-    std::memcpy(&f.cache.bytes[i], &v, 1);
-    f.cache.stored[i] = v.to_float();
-  }
+  f.cache = quantize_to_fp8(f.cache, f.layout);
+  const float k_scale = f.cache.k_scale;
   ASSERT_TRUE(cpu_ops().absorbed->run(f.args(k_scale), {}).ok());
   AbsorbedRefProblem rp;
   rp.num_heads = f.heads;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -188,6 +189,45 @@ TEST_F(AbsorbedDevice, SplitScheduleFp8MatchesReference) {
                          mix_seed(base_seed(), 2000 + page));
     check_split_schedule(op_, 128, page, DType::kFP8E4M3, k_scale,
                          mix_seed(base_seed(), 3000 + page));
+  }
+}
+
+// The error a user buys with an fp8 cache on the sm90 kernel (as CpuAbsorbed's test of the same
+// name on the cpu op): a bf16 cache quantised with the engines' per-tensor scale
+// (quantize_to_fp8), run on the device, against the float64 reference of the bf16 cache; the
+// same bounds (relative RMS of o 0.05, lse 2e-3 absolute; the cpu op measures 0.027 / 5.7e-4).
+TEST_F(AbsorbedDevice, Fp8CacheErrorAgainstTheBf16CacheIsBounded) {
+  for (int heads : {16, 128}) {
+    for (int page : {1, 64}) {
+      const std::string what = fmt::format("heads {} page {}", heads, page);
+      Batch b{{}, {1, 1, 1}, {3000, 1777, 64}};
+      DeviceProblem d = make_problem(mix_seed(base_seed(), 7100 + heads + page), heads, page, b);
+      const RefAttention ref_bf16 = reference_of(d);
+      d.cache = quantize_to_fp8(d.cache, d.layout);
+      d.cache_dtype = DType::kFP8E4M3;
+      d.k_scale = d.cache.k_scale;
+      AttnCapacity cap{4, 8, 0, 2, heads};
+      std::vector<std::byte> plan(op_->plan_bytes(cap));
+      AbsorbedProblem p{heads, page, true, d.batch.rows, d.batch.q_lens, d.batch.kv_lens};
+      ASSERT_TRUE(op_->plan(p, cap, plan).ok()) << what;
+      std::vector<bf16> o_h;
+      std::vector<float> lse_h;
+      ASSERT_TRUE(run_on_device(op_, d, cap, plan, &o_h, &lse_h)) << what;
+      double err2 = 0, ref2 = 0, lse_err = 0;
+      for (std::size_t i = 0; i < ref_bf16.o.size(); ++i) {
+        err2 += std::pow(o_h[i].to_float() - ref_bf16.o[i], 2);
+        ref2 += ref_bf16.o[i] * ref_bf16.o[i];
+      }
+      for (std::size_t i = 0; i < ref_bf16.lse.size(); ++i) {
+        lse_err = std::max(lse_err, std::fabs(lse_h[i] - ref_bf16.lse[i]));
+      }
+      const double rel = std::sqrt(err2 / ref2);
+      std::printf("%s: fp8 o rel RMS vs bf16 cache %.3g, lse max abs %.3g\n", what.c_str(), rel,
+                  lse_err);
+      EXPECT_LT(rel, 0.05) << what;
+      EXPECT_LT(lse_err, 2e-3) << what;
+      expect_matches_reference(d, o_h, lse_h, what);  // and the kernel's own error, as always
+    }
   }
 }
 
