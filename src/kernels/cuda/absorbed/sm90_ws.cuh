@@ -234,6 +234,27 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
   mbar_arrive_cp_async(full);
 }
 
+// fp8: the cursor's tile into L2 (a hint, no shared memory), from the slots sl of its rows as
+// resolve_slots gives them: TMA pages (box_rows > 0) by thread 0, one box per column block;
+// gathers by the first thread of each row (tw % 8 == 0), a 576-byte bulk prefetch per row.
+// Issued a tile ahead of the tile's load, so that load reads L2 instead of device memory: with
+// two stages the fp8 kernel otherwise has one tile (36 KB) in flight per SM.
+__device__ __forceinline__ void prefetch_fp8_tile(const AbsorbedParams& p, int box_rows, int tw,
+                                                  const int32_t (&sl)[4]) {
+  if (box_rows > 0) {
+    if (tw == 0 && sl[0] >= 0) {
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) tma_prefetch_2d(p.kv_tmap, 64 * b, sl[0]);
+    }
+    return;
+  }
+  if ((tw & 7) != 0) return;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (sl[j] >= 0) bulk_prefetch_l2(p.kv_cache_fp8 + static_cast<int64_t>(sl[j]) * kDimQk, kDimQk);
+  }
+}
+
 // fp8: once the raw tile of cursor c has landed in `stage` (mbarrier full, phase parity), the
 // 128 threads of warpgroup 1 (tw) convert it to the bf16 wgmma layout in place, block by block
 // (each block's raw bytes are read into registers before a warpgroup barrier, then written as
@@ -541,6 +562,13 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHea
           for (int j = 0; j < 4; ++j) el[j] = en[j];
           if (nx.valid()) cursor_next(units, nx);
           fetch_entries(st, nx, box_rows, tw, en);
+          if constexpr (kFp8) {  // tile g + 3 into L2 (its entries were loaded a tile ago)
+            if (cur.valid()) {
+              int32_t pf[4] = {-1, -1, -1, -1};
+              resolve_slots(st, cur, box_rows, tw, el, pf);
+              prefetch_fp8_tile(p, box_rows, tw, pf);
+            }
+          }
         }
       }
     }

@@ -181,6 +181,20 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* 
       : "memory");
 }
 
+// TMA prefetch: the box at (c0, c1) of the 2-D tensor map `tmap` into L2 (a hint).
+__device__ __forceinline__ void tma_prefetch_2d(const void* tmap, int32_t c0, int32_t c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(c0), "r"(c1)
+               : "memory");
+}
+
+// Bulk prefetch: `bytes` (a multiple of 16) of global memory from `src` (16-byte aligned) into
+// L2 (a hint).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
