@@ -35,6 +35,9 @@
 #   call): FlashMLA and FlashAttention-3 are built in the background from the start
 #   (scripts/gpu-anchors.sh) and, after the tests, timed on GPU_ANCHOR_OPS (default decode) into
 #   $OUT/anchors.jsonl: the anchors of the same run.
+#   GPU_ENGINE_WHEELS=dir (the wheels of scripts/gpu-engine-wheels.sh, carried with the call): after
+#   the Python suite, the SGLang adapter's tests on CUDA tensors with the real sglang 0.5.23
+#   (GPU_ENGINE_PYTEST_K, GPU_ENGINE_TESTS, GPU_ENGINE_TIMEOUT; log $OUT/sglang.log).
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
 # The device tool kills a command at 600 s and then nothing of the summary comes back:
@@ -285,6 +288,30 @@ if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
     } > "$OUT/python.log" 2>&1
     summary+=("python     $(grep -E '^(pip|pytest) rc=' "$OUT/python.log" | tr '\n' ' ')$(grep -E '(passed|failed|error)' "$OUT/python.log" | tail -n 1)")
   fi
+fi
+
+# GPU_ENGINE_WHEELS=dir (scripts/gpu-engine-wheels.sh's wheels, carried with the call; issue 33
+# part 6): the SGLang adapter on CUDA tensors inside the real sglang 0.5.23. The wheels and the
+# carry's mla wheel go into the scratch site /tmp/site (no index there), sgl_kernel is the
+# import stub of tests/python/gpu_stubs, then the cuda cases of the adapter tests
+# (GPU_ENGINE_PYTEST_K, default: those of device cuda; GPU_ENGINE_TESTS, default
+# test_backend_sglang.py and test_sglang_server_paths.py): decode, target-verify and draft-extend
+# through RadixAttention, extends with a prefix (absorbed, chunked-prefix MHA), a CUDA-graph
+# capture and replay through the graph hooks, the EAGLE / MTP draft worker's decode and extend
+# from SGLang's DraftBackendFactory, each against the float64 oracle. Log: $OUT/sglang.log.
+if [ -n "${GPU_ENGINE_WHEELS:-}" ]; then
+  wheel="$(ls "$carry"/mla-*.whl 2>/dev/null | head -n 1)"
+  {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site $wheel "$GPU_ENGINE_WHEELS"/*.whl
+    echo "pip rc=$?"
+    (cd "$root/tests/python" && PYTHONPATH="/tmp/site:$root/tests/python/gpu_stubs" \
+      PYTHONUNBUFFERED=1 timeout "$(left_s "${GPU_ENGINE_TIMEOUT:-300}" 30)" \
+      python3 -m pytest -q -p no:cacheprovider -rs -k "${GPU_ENGINE_PYTEST_K:-cuda and not cpu}" \
+      ${GPU_ENGINE_TESTS:-test_backend_sglang.py test_sglang_server_paths.py})
+    echo "pytest rc=$?"
+  } > "$OUT/sglang.log" 2>&1
+  summary+=("sglang     $([ -z "$wheel" ] && echo "no mla wheel in $carry; ")$(grep -E '^(pip|pytest) rc=' "$OUT/sglang.log" | tr '\n' ' ')$(grep -E '(passed|failed|error|deselected)' "$OUT/sglang.log" | tail -n 1)")
 fi
 
 # The sanitizer shards (started after the plain run): per tool, the errors of all its shards

@@ -76,6 +76,22 @@ struct AbsorbedProblem {
   std::span<const int32_t> kv_lens;   // [bs] (any, causal too: see above)
 };
 
+// The request checks of an absorbed problem against the capacity it is planned for: the one
+// rule every op set's plan() applies (the torch binding and the backends reach it through
+// plan()). kInvalidArgument naming the field, the request and the value; nothing is written.
+//   check_absorbed_shape (O(1)): req_rows, q_lens and kv_lens have one entry per request, the
+//     batch size is at most cap.max_batch, num_heads >= 1 and equal to cap.num_heads (0 in a
+//     capacity: any), page_size one of kPageSizes (kv_pool.h);
+//   check_absorbed_requests (per request): q_lens[b], kv_lens[b], req_rows[b] >= 0,
+//     q_lens[b] <= cap.max_q_len, and sum(q_lens) <= cap.max_q_tokens. Causal kv_len < q_len is
+//     allowed (see above).
+// An op's own limits (the cuda op's 1..kMaxHeads heads) are its supports(). A planner that
+// checks the requests in its own fast pass calls check_absorbed_requests only when that pass
+// finds a bad one, for the message (cuda build_plan).
+Status check_absorbed_shape(const AbsorbedProblem& problem, const AttnCapacity& cap);
+Status check_absorbed_requests(const AbsorbedProblem& problem, const AttnCapacity& cap);
+Status check_absorbed_problem(const AbsorbedProblem& problem, const AttnCapacity& cap);  // both
+
 // The page table is given in one of two forms, read in place (no token-level copy): exactly one
 // of req_to_token and block_table is set (the other left empty, data null). The plan's req_rows
 // index the rows of whichever is given.
@@ -105,17 +121,34 @@ struct PageTable {
   bool block = false;  // block table of page ids; else token-level req_to_token
   bool flat = false;   // 1-D block table: row r starts at element r (row_stride 1)
   std::string_view name = "req_to_token";  // the AbsorbedArgs field, for errors
-  // Keys row `row` can address (row in [0, rows)).
-  int64_t max_keys(int64_t row, int page_size) const {
-    if (!block) return cols;
-    return (flat ? rows - row : cols) * page_size;
-  }
   int64_t slot(int row, int64_t i, int page_size) const {
     return block ? slot_of_block(data, row_stride, row, i, page_size)
                  : slot_of_token(data, row_stride, row, i, page_size);
   }
 };
 StatusOr<PageTable> absorbed_page_table(const AbsorbedArgs& args, Device device);
+
+// What a plan of (req_rows, kv_lens) reads of its page table, for the table-shape check of a run
+// (the cuda op reads the lengths on the device, so the torch binding keeps these from the plan):
+// over the requests with keys (a request without keys reads no entry), the largest row, the
+// most keys and the end of a flat page list (req_rows[b] + ceil(kv_lens[b] / page_size)), each
+// with the first request that reaches it (-1: none).
+struct TableExtents {
+  int64_t max_row = -1;
+  int64_t max_kv = 0;
+  int64_t flat_end = 0;
+  int64_t row_request = -1;
+  int64_t kv_request = -1;
+  int64_t flat_request = -1;
+};
+TableExtents absorbed_table_extents(std::span<const int32_t> req_rows,
+                                    std::span<const int32_t> kv_lens, int page_size);
+// The table-shape rule of an absorbed run, one for every op set and the torch binding: every
+// request with keys has its row in the table, and the entries its keys read in that row
+// (req_to_token: column ((kv_len - 1) / P) * P, the first slot of its last page; a block table:
+// ceil(kv_len / P) page ids; a flat list: up to entry req_rows[b] + ceil(kv_len / P) - 1).
+// kInvalidArgument naming the table, the request and what it reads.
+Status check_table_extents(const PageTable& table, const TableExtents& extents, int page_size);
 
 class AbsorbedAttentionOp {
  public:

@@ -8,7 +8,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <bit>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -187,10 +186,20 @@ std::span<const int32_t> host_lengths(const at::Tensor& t, std::string_view name
   return scratch;
 }
 
+// The extents tensor of a plan holder (int64 cpu [7]): what the last plan reads of its page table
+// (mla::TableExtents: max_row, max_kv, flat_end, row_request, kv_request, flat_request) and its
+// page_size, written by absorbed_plan and read by absorbed_run for the table-shape check.
+constexpr int64_t kExtentsEntries = 7;
+
+void check_extents_tensor(const at::Tensor& e, std::string_view op) {
+  TORCH_CHECK_VALUE(e.defined() && e.is_cpu() && e.scalar_type() == at::kLong && e.dim() == 1 &&
+                        e.numel() == kExtentsEntries && e.is_contiguous(),
+                    "mla.", op, ": extents must be a contiguous int64 cpu tensor of ",
+                    kExtentsEntries, " entries");
+}
+
 // req_rows, q_lens, kv_lens: int32 or int64 host tensors (one entry per request). extents
-// (optional, int64 cpu [3]): written after a successful plan with what the plan reads, for the
-// table-shape check of a run: the largest req_row (-1 without requests), the largest kv_len, and
-// the end of a flat page list, max over requests of req_rows[b] + ceil(kv_lens[b] / page_size).
+// (optional): written after a successful plan (see kExtentsEntries).
 void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const at::Tensor& kv_lens,
                    int64_t staging, const at::Tensor& plan, int64_t num_heads, int64_t page_size,
                    bool causal, int64_t max_batch, int64_t max_q_tokens, int64_t max_q_len,
@@ -201,15 +210,7 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
   p.req_rows = host_lengths(req_rows, "req_rows", op, rows_i32);
   p.q_lens = host_lengths(q_lens, "q_lens", op, q_i32);
   p.kv_lens = host_lengths(kv_lens, "kv_lens", op, kv_i32);
-  TORCH_CHECK_VALUE(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
-                    "mla.", op, ": req_rows has ", p.req_rows.size(), " entries, q_lens ",
-                    p.q_lens.size(), ", kv_lens ", p.kv_lens.size(), " (one per request)");
-  if (extents.has_value()) {
-    const at::Tensor& e = *extents;
-    TORCH_CHECK_VALUE(e.defined() && e.is_cpu() && e.scalar_type() == at::kLong && e.dim() == 1 &&
-                          e.numel() == 3 && e.is_contiguous(),
-                      "mla.", op, ": extents must be a contiguous int64 cpu tensor of 3 entries");
-  }
+  if (extents.has_value()) check_extents_tensor(*extents, op);
   const OpSet& set = op_set_for(plan.device(), op);
   const AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, 0,
                          narrow_int(max_q_len, "max_q_len", op),
@@ -217,38 +218,20 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
   p.num_heads = cap.num_heads;
   p.page_size = narrow_int(page_size, "page_size", op);
   p.causal = causal;
-  throw_if_error(set.absorbed->supports(p.num_heads, p.page_size, DType::kBF16), op);
-  // The lengths are checked here for every op set (the CUDA planner trusts them). Causal with
-  // kv_len < q_len is allowed: the mask is bottom-right aligned (query j sees keys
-  // 0 .. kv_len - q_len + j), so its first q_len - kv_len queries see no key (o = 0, lse = -inf).
-  for (std::size_t b = 0; b < p.q_lens.size(); ++b) {
-    const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
-    TORCH_CHECK_VALUE(q >= 0 && kv >= 0, "mla.", op, ": q_lens[", b, "] = ", q, ", kv_lens[", b,
-                      "] = ", kv, " must not be negative");
-    TORCH_CHECK_VALUE(q <= cap.max_q_len, "mla.", op, ": q_lens[", b, "] = ", q,
-                      " exceeds max_q_len = ", cap.max_q_len);
-    TORCH_CHECK_VALUE(p.req_rows[b] >= 0, "mla.", op, ": req_rows[", b, "] = ", p.req_rows[b],
-                      " is negative");
-  }
+  // The problem's checks (sizes, capacity, page size, every request's lengths) are the op's
+  // plan() (check_absorbed_problem, ops.h), the same rule for every op set and the backends.
   plan_and_upload(staging, plan, set.absorbed->plan_bytes(cap), op,
                   [&](std::span<std::byte> host) { return set.absorbed->plan(p, cap, host); });
   if (extents.has_value()) {
-    // Pages of a request: a shift for the power-of-two page sizes, a division otherwise.
-    const int64_t page = p.page_size;
-    const bool pow2 = (page & (page - 1)) == 0;
-    const int shift = std::countr_zero(static_cast<uint32_t>(page));
-    int64_t max_row = -1, max_kv = 0, flat_end = 0;
-    for (std::size_t b = 0; b < p.req_rows.size(); ++b) {
-      const int64_t row = p.req_rows[b], kv = p.kv_lens[b];
-      const int64_t pages = pow2 ? (kv + page - 1) >> shift : (kv + page - 1) / page;
-      max_row = std::max(max_row, row);
-      max_kv = std::max(max_kv, kv);
-      flat_end = std::max(flat_end, row + pages);
-    }
+    const TableExtents t = absorbed_table_extents(p.req_rows, p.kv_lens, p.page_size);
     int64_t* e = extents->data_ptr<int64_t>();
-    e[0] = max_row;
-    e[1] = max_kv;
-    e[2] = flat_end;
+    e[0] = t.max_row;
+    e[1] = t.max_kv;
+    e[2] = t.flat_end;
+    e[3] = t.row_request;
+    e[4] = t.kv_request;
+    e[5] = t.flat_request;
+    e[6] = p.page_size;
   }
 }
 
@@ -257,7 +240,8 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
 void absorbed_run(const at::Tensor& q, const at::Tensor& kv_cache,
                   const std::optional<at::Tensor>& req_to_token, const at::Tensor& plan,
                   const at::Tensor& workspace, const at::Tensor& o, const at::Tensor& lse,
-                  double sm_scale, double k_scale, const std::optional<at::Tensor>& block_table) {
+                  double sm_scale, double k_scale, const std::optional<at::Tensor>& block_table,
+                  const std::optional<at::Tensor>& extents) {
   constexpr std::string_view op = "absorbed_run";
   const at::Device dev = q.device();
   const at::Tensor r2t = req_to_token.value_or(at::Tensor());
@@ -286,6 +270,16 @@ void absorbed_run(const at::Tensor& q, const at::Tensor& kv_cache,
   a.plan = plan.data_ptr();
   a.workspace = workspace.numel() ? workspace.data_ptr() : nullptr;
   a.workspace_bytes = static_cast<std::size_t>(workspace.numel());
+  if (extents.has_value()) {
+    // The table's shape against what the plan reads, on the host before the op runs (the cuda
+    // op reads the lengths on the device and cannot): the rule every op set shares.
+    check_extents_tensor(*extents, op);
+    const int64_t* e = extents->data_ptr<int64_t>();
+    const TableExtents t{e[0], e[1], e[2], e[3], e[4], e[5]};
+    StatusOr<PageTable> table = absorbed_page_table(a, library_device(dev));
+    throw_if_error(
+        table.ok() ? check_table_extents(*table, t, static_cast<int>(e[6])) : table.status(), op);
+  }
   throw_if_error(set.absorbed->run(a, exec_context(dev)), op);
 }
 
@@ -576,7 +570,7 @@ TORCH_LIBRARY(mla, m) {
   m.def(
       "absorbed_run(Tensor q, Tensor kv_cache, Tensor? req_to_token, Tensor plan, "
       "Tensor(a!) workspace, Tensor(b!) o, Tensor(c!) lse, float sm_scale, float k_scale, "
-      "Tensor? block_table=None) -> ()");
+      "Tensor? block_table=None, Tensor? extents=None) -> ()");
   m.def(
       "mha_sizes(int max_batch, int max_q_tokens, int max_kv_tokens, int max_q_len, "
       "int num_heads, Device device) -> int[]",

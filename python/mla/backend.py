@@ -483,7 +483,8 @@ class Backend:
         self._refuse_kwargs(kwargs)
         if q_rope is not None or q.shape[-1] == LATENT_DIM:
             raise ValueError(f"q: the absorbed (latent) form, but {self.name} planned this batch "
-                             f"as {self.forward_method} (q [T, H, 192], k, v up-projected)")
+                             f"as {self.forward_method} (q [T, H, {QK_HEAD_DIM}], k, v "
+                             "up-projected)")
         self._check_layer(layer, QK_HEAD_DIM, V_HEAD_DIM)
         # MHA forms: q [T, H, 192], k [N, H, 192], v [N, H, 128] (already up-projected).
         T, H = self._tokens, self.num_heads

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ._ops import ops
-from .support import KV_LORA_RANK, LATENT_DIM  # noqa: F401  (576 = 512 + 64, from the library)
+from .support import KV_LORA_RANK, LATENT_DIM, QK_HEAD_DIM  # noqa: F401  (from the library)
 
 
 def _device(d) -> torch.device:
@@ -106,9 +106,10 @@ class AbsorbedPlan:
         self.plan_bytes = plan_bytes
         self._staging = _Staging(self.device, plan_bytes)
         self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
-        # What the last plan reads, written by the plan op (no reduction here): the largest
-        # req_row, the largest kv_len and a flat page list's end (see _check_table_shape).
-        self._extents = torch.zeros(3, dtype=torch.int64)
+        # What the last plan reads of its page table, written by the plan op and read by the
+        # run op, which checks the table's shape against it (mla::check_table_extents; the cuda
+        # op reads the lengths on the device, so the run op takes them from here).
+        self._extents = torch.zeros(7, dtype=torch.int64)
         self.planned = False
 
     @property
@@ -132,37 +133,20 @@ class AbsorbedPlan:
                           self.num_heads, self.page_size, self.causal, self.max_batch,
                           self.max_q_tokens, self.max_q_len, self._extents)
         self._rows, self._kv_lens = rows, kl  # for check_pages (references, no copy)
-        # The table extents the plan reads, checked against the table's shape in run() (on
-        # the host, no sync): the cuda kernel bounds the slots it reads, not its table reads.
-        self._max_row, self._max_kv, self._flat_end = self._extents.tolist()
         self.planned = True
         return self
 
-    def _check_table_shape(self, req_to_token, block_table) -> None:
-        """ValueError naming the table when the plan would read past it: a row beyond its
-        rows, a key beyond its columns, or (flat page list) an entry beyond its end."""
-        table = req_to_token if block_table is None else block_table
-        name = "req_to_token" if block_table is None else "block_table"
-        if not isinstance(table, torch.Tensor) or self._max_kv == 0:
-            return  # no table (the op names what is missing), or no key is read
-        P = self.page_size
-        if table.dim() == 2:
-            if self._max_row >= table.shape[0]:
-                raise ValueError(f"{name}: {table.shape[0]} rows, but the plan reads row "
-                                 f"{self._max_row} (req_rows)")
-            # req_to_token: a page's first slot at its first key; block table: a page id a page.
-            if block_table is None:
-                need = ((self._max_kv - 1) // P) * P + 1
-            else:
-                need = -(-self._max_kv // P)
-            if table.shape[1] < need:
-                raise ValueError(f"{name}: {table.shape[1]} columns, but the plan reads "
-                                 f"{need} for a request of {self._max_kv} keys (page {P})")
-        elif table.dim() == 1 and block_table is not None:
-            if self._flat_end > table.shape[0]:
-                raise ValueError(f"block_table: a flat page list of {table.shape[0]} entries, "
-                                 f"but the plan reads up to entry {self._flat_end - 1} "
-                                 f"(req_rows offsets plus each request's pages)")
+    @property
+    def _max_row(self) -> int:  # the largest row a request with keys reads (-1: none)
+        return int(self._extents[0])
+
+    @property
+    def _max_kv(self) -> int:
+        return int(self._extents[1])
+
+    @property
+    def _flat_end(self) -> int:  # a flat page list's end: max of req_rows[b] + its pages
+        return int(self._extents[2])
 
     def run(self, q, kv_cache, req_to_token, o, lse, sm_scale: float, k_scale: float = 1.0, *,
             block_table=None, check_pages: bool = False):
@@ -179,15 +163,15 @@ class AbsorbedPlan:
         """
         if not self.planned:
             raise RuntimeError("AbsorbedPlan.run: plan() was not called")
+        # The cuda op takes the head count from q, not from its device plan: checked here.
         if q.dim() != 3 or q.shape[1] != self.num_heads:
             raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
                              f"[tokens, {self.num_heads}, {LATENT_DIM}]")
-        self._check_table_shape(req_to_token, block_table)
         if check_pages:
             check_page_table(req_to_token, block_table, self._rows, self._kv_lens,
                              self.page_size, kv_cache.shape[0])
         ops.absorbed_run(q, kv_cache, req_to_token, self._staging.plan, self.workspace, o, lse,
-                         float(sm_scale), float(k_scale), block_table)
+                         float(sm_scale), float(k_scale), block_table, self._extents)
         return o, lse
 
 
@@ -229,7 +213,7 @@ class MhaPlan:
             raise RuntimeError("MhaPlan.run: plan() was not called")
         if q.dim() != 3 or q.shape[1] != self.num_heads:
             raise ValueError(f"q: shape {tuple(q.shape)}, the plan is for "
-                             f"[tokens, {self.num_heads}, 192]")
+                             f"[tokens, {self.num_heads}, {QK_HEAD_DIM}]")
         ops.mha_run(q, k, v, self._staging.plan, self.workspace, o, lse, float(sm_scale),
                     bool(merge))
         return o, lse

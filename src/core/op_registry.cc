@@ -12,6 +12,7 @@ namespace {
 // Each wrapper forwards to the set's own op; run() first checks that the set has code for the
 // device it runs on (check_device_code: a cached capability lookup and a compare, no string
 // built unless it refuses), so a GPU the set has no code for gets kUnsupported, never a launch.
+// Only sets that list compute capabilities (cuda) are wrapped: the cpu set's ops run unwrapped.
 struct DeviceCheck {
   std::string set_name;
   std::vector<ComputeCapability> built_for;
@@ -20,10 +21,18 @@ struct DeviceCheck {
   }
 };
 
-class CheckedAbsorbedOp final : public AbsorbedAttentionOp {
+// The host-side members of an op interface (sizes, plans: no device is touched), forwarded to
+// the wrapped op unchecked. The primary template serves the interfaces with run() alone.
+template <typename Op>
+class Forwarding : public Op {
+ protected:
+  explicit Forwarding(std::shared_ptr<const Op> op) : op_(std::move(op)) {}
+  std::shared_ptr<const Op> op_;
+};
+
+template <>
+class Forwarding<AbsorbedAttentionOp> : public AbsorbedAttentionOp {
  public:
-  CheckedAbsorbedOp(std::shared_ptr<const AbsorbedAttentionOp> op, DeviceCheck check)
-      : op_(std::move(op)), check_(std::move(check)) {}
   Status supports(int num_heads, int page_size, DType cache_dtype) const override {
     return op_->supports(num_heads, page_size, cache_dtype);
   }
@@ -35,20 +44,15 @@ class CheckedAbsorbedOp final : public AbsorbedAttentionOp {
                              std::span<std::byte> host_plan) const override {
     return op_->plan(problem, cap, host_plan);
   }
-  Status run(const AbsorbedArgs& args, const ExecContext& ctx) const override {
-    MLA_RETURN_IF_ERROR(check_(ctx));
-    return op_->run(args, ctx);
-  }
 
- private:
+ protected:
+  explicit Forwarding(std::shared_ptr<const AbsorbedAttentionOp> op) : op_(std::move(op)) {}
   std::shared_ptr<const AbsorbedAttentionOp> op_;
-  DeviceCheck check_;
 };
 
-class CheckedMhaOp final : public MhaAttentionOp {
+template <>
+class Forwarding<MhaAttentionOp> : public MhaAttentionOp {
  public:
-  CheckedMhaOp(std::shared_ptr<const MhaAttentionOp> op, DeviceCheck check)
-      : op_(std::move(op)), check_(std::move(check)) {}
   Status supports(int num_heads) const override { return op_->supports(num_heads); }
   std::size_t plan_bytes(const AttnCapacity& cap) const override { return op_->plan_bytes(cap); }
   std::size_t workspace_bytes(const AttnCapacity& cap) const override {
@@ -58,64 +62,54 @@ class CheckedMhaOp final : public MhaAttentionOp {
                              std::span<std::byte> host_plan) const override {
     return op_->plan(problem, cap, host_plan);
   }
-  Status run(const MhaArgs& args, const ExecContext& ctx) const override {
-    MLA_RETURN_IF_ERROR(check_(ctx));
-    return op_->run(args, ctx);
-  }
 
- private:
+ protected:
+  explicit Forwarding(std::shared_ptr<const MhaAttentionOp> op) : op_(std::move(op)) {}
   std::shared_ptr<const MhaAttentionOp> op_;
-  DeviceCheck check_;
 };
 
-// The ops whose interface is run() alone (plus UpProjectOp::workspace_bytes below).
-template <typename Op, typename Args>
-class CheckedRunOp final : public Op {
+template <>
+class Forwarding<UpProjectOp> : public UpProjectOp {
  public:
-  CheckedRunOp(std::shared_ptr<const Op> op, DeviceCheck check)
-      : op_(std::move(op)), check_(std::move(check)) {}
-  Status run(const Args& args, const ExecContext& ctx) const override {
-    MLA_RETURN_IF_ERROR(check_(ctx));
-    return op_->run(args, ctx);
-  }
-
- private:
-  std::shared_ptr<const Op> op_;
-  DeviceCheck check_;
-};
-
-class CheckedUpProjectOp final : public UpProjectOp {
- public:
-  CheckedUpProjectOp(std::shared_ptr<const UpProjectOp> op, DeviceCheck check)
-      : op_(std::move(op)), check_(std::move(check)) {}
   std::size_t workspace_bytes(int64_t max_tokens, int num_heads) const override {
     return op_->workspace_bytes(max_tokens, num_heads);
   }
-  Status run(const UpProjectArgs& args, const ExecContext& ctx) const override {
+
+ protected:
+  explicit Forwarding(std::shared_ptr<const UpProjectOp> op) : op_(std::move(op)) {}
+  std::shared_ptr<const UpProjectOp> op_;
+};
+
+// The one device-checked run(), for every op interface.
+template <typename Op, typename Args>
+class DeviceChecked final : public Forwarding<Op> {
+ public:
+  DeviceChecked(std::shared_ptr<const Op> op, DeviceCheck check)
+      : Forwarding<Op>(std::move(op)), check_(std::move(check)) {}
+  Status run(const Args& args, const ExecContext& ctx) const override {
     MLA_RETURN_IF_ERROR(check_(ctx));
-    return op_->run(args, ctx);
+    return this->op_->run(args, ctx);
   }
 
  private:
-  std::shared_ptr<const UpProjectOp> op_;
   DeviceCheck check_;
 };
 
-template <typename Checked, typename Op>
+template <typename Args, typename Op>
 std::shared_ptr<const Op> checked(std::shared_ptr<const Op> op, const DeviceCheck& check) {
   if (op == nullptr) return op;
-  return std::make_shared<const Checked>(std::move(op), check);
+  return std::make_shared<const DeviceChecked<Op, Args>>(std::move(op), check);
 }
 
 OpSet with_device_check(OpSet set) {
   if (set.compute_capabilities.empty()) return set;
   const DeviceCheck check{set.name, set.compute_capabilities};
-  set.absorbed = checked<CheckedAbsorbedOp>(std::move(set.absorbed), check);
-  set.mha = checked<CheckedMhaOp>(std::move(set.mha), check);
-  set.merge = checked<CheckedRunOp<MergeOp, MergeArgs>>(std::move(set.merge), check);
-  set.kv_write = checked<CheckedRunOp<KvWriteOp, KvWriteArgs>>(std::move(set.kv_write), check);
-  set.up_project = checked<CheckedUpProjectOp>(std::move(set.up_project), check);
-  set.head_gemm = checked<CheckedRunOp<HeadGemmOp, HeadGemmArgs>>(std::move(set.head_gemm), check);
+  set.absorbed = checked<AbsorbedArgs>(std::move(set.absorbed), check);
+  set.mha = checked<MhaArgs>(std::move(set.mha), check);
+  set.merge = checked<MergeArgs>(std::move(set.merge), check);
+  set.kv_write = checked<KvWriteArgs>(std::move(set.kv_write), check);
+  set.up_project = checked<UpProjectArgs>(std::move(set.up_project), check);
+  set.head_gemm = checked<HeadGemmArgs>(std::move(set.head_gemm), check);
   return set;
 }
 

@@ -126,6 +126,74 @@ TEST(CpuAbsorbed, Fp8CacheAppliesKScale) {
   EXPECT_NE(bits_of(f.o), scaled);
 }
 
+// The error a user buys with an fp8 cache (issue 32): a bf16 cache quantised to e4m3 with the
+// per-tensor scale the engines use (amax / 448 over the used rows), decoded by the op, against
+// the float64 reference of the original bf16 cache; beside it the op's own error (against the
+// reference of the dequantised fp8 cache). Relative RMS over o; lse absolute. Measured here
+// (2026-12-07): o 0.027 against the bf16 cache (quantisation alone 0.0269), 0.0017 against the
+// fp8 reference; lse 5.7e-4. The bounds are about 2x that.
+TEST(CpuAbsorbed, Fp8CacheErrorAgainstTheBf16CacheIsBounded) {
+  AbsorbedFixture f({1, 2, 1}, {300, 700, 1000}, DType::kBF16, 1.0f, 17);
+  const std::vector<float> bf16_values = f.cache.stored;
+  float amax = 0.f;
+  for (std::size_t b = 0; b < f.kv_lens.size(); ++b) {
+    for (int64_t t = 0; t < f.kv_lens[b]; ++t) {
+      const int64_t slot = f.layout.slot(static_cast<int>(b), t);
+      for (int d = 0; d < 576; ++d) {
+        amax = std::max(amax, std::fabs(bf16_values[slot * 576 + d]));
+      }
+    }
+  }
+  const float k_scale = amax / 448.f;
+  f.cache.dtype = DType::kFP8E4M3;
+  f.cache.k_scale = k_scale;
+  f.cache.bytes.resize(bf16_values.size());
+  for (std::size_t i = 0; i < bf16_values.size(); ++i) {
+    const fp8_e4m3 v = fp8_e4m3::from_float(bf16_values[i] / k_scale);
+    std::memcpy(&f.cache.bytes[i], &v, 1);
+    f.cache.stored[i] = v.to_float();
+  }
+  ASSERT_TRUE(cpu_ops().absorbed->run(f.args(k_scale), {}).ok());
+  AbsorbedRefProblem rp;
+  rp.num_heads = f.heads;
+  rp.page_size = 16;
+  rp.sm_scale = 0.135234;
+  rp.row_stride = f.layout.max_context_len;
+  rp.req_to_token = f.layout.req_to_token;
+  rp.req_rows = f.layout.req_rows;
+  rp.q_lens = f.q_lens;
+  rp.kv_lens = f.kv_lens;
+  const std::vector<float> qf = to_float(f.q);
+  const RefAttention ref_bf16 = reference_absorbed(rp, qf, bf16_values);
+  rp.cache_dtype = DType::kFP8E4M3;
+  rp.k_scale = k_scale;
+  const RefAttention ref_fp8 = reference_absorbed(rp, qf, f.cache.stored);
+  const auto rel_rms = [&](const std::vector<double>& ref, auto value) {
+    double err2 = 0, ref2 = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      err2 += std::pow(value(i) - ref[i], 2);
+      ref2 += ref[i] * ref[i];
+    }
+    return std::sqrt(err2 / ref2);
+  };
+  const auto op_o = [&](std::size_t i) { return static_cast<double>(f.o[i].to_float()); };
+  const double kernel_err = rel_rms(ref_fp8.o, op_o);
+  const double bought_err = rel_rms(ref_bf16.o, op_o);
+  const double quant_err = rel_rms(ref_bf16.o, [&](std::size_t i) { return ref_fp8.o[i]; });
+  double lse_err = 0;
+  for (std::size_t i = 0; i < ref_bf16.lse.size(); ++i) {
+    lse_err = std::max(lse_err, std::fabs(f.lse[i] - ref_bf16.lse[i]));
+  }
+  std::printf(
+      "fp8 cache (k_scale %.3g): o rel RMS vs fp8 reference %.3g, vs bf16 cache %.3g "
+      "(quantisation alone %.3g); lse max abs vs bf16 cache %.3g\n",
+      k_scale, kernel_err, bought_err, quant_err, lse_err);
+  EXPECT_LT(kernel_err, 5e-3);
+  EXPECT_LT(bought_err, 0.05);
+  EXPECT_LT(lse_err, 2e-3);
+  EXPECT_GT(quant_err, 1e-3);  // the quantisation is real: the fp8 cache is not the bf16 one
+}
+
 TEST(CpuAbsorbed, ZeroKeysGiveZeroOutputAndMinusInfLse) {
   AbsorbedFixture f({2, 1}, {0, 5}, DType::kBF16, 1.0f, 9, /*causal=*/false);
   ASSERT_TRUE(cpu_ops().absorbed->run(f.args(1.0f), {}).ok());
@@ -149,7 +217,8 @@ TEST(CpuAbsorbed, PlanRejectsProblemsOverCapacity) {
   StatusOr<std::size_t> r = op.plan(p, f.cap, f.plan);  // cap.max_batch is 1
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("batch size 2 exceeds capacity 1"), std::string::npos)
+  EXPECT_NE(r.status().message().find("batch size 2 exceeds capacity max_batch = 1"),
+            std::string::npos)
       << r.status().message();
   AttnCapacity big = f.cap;
   big.max_batch = 2;
@@ -246,8 +315,7 @@ TEST(CpuAbsorbed, FlatPageListWithOffsetsEqualsReqToTokenBitwise) {
   a.block_table.shape[0] -= 1;
   const Status s = cpu_ops().absorbed->run(a, {});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("exceeds the 64 keys block_table row 5 holds"), std::string::npos)
-      << s.message();
+  EXPECT_NE(s.message().find("block_table: a flat page list of"), std::string::npos) << s.message();
 }
 
 TEST(CpuAbsorbed, BlockTableBadInputNamesTheFieldAndWritesNothing) {
@@ -275,7 +343,7 @@ TEST(CpuAbsorbed, BlockTableBadInputNamesTheFieldAndWritesNothing) {
   expect_error(a, "block_table: expected i32");
   a.block_table = TensorView(f.layout.block_table.data(), DType::kI32, kCpu,
                              {f.layout.num_rows, 1});  // too few blocks for 33 keys of page 16
-  expect_error(a, "block_table row");
+  expect_error(a, "block_table: 1 columns, but request 1 reads 3 for its 33 keys");
   // A page id past the cache: named, and nothing written.
   a.block_table = blocks;
   f.layout.block_table[f.layout.req_rows[1] * f.layout.max_blocks + 2] = 1 << 24;

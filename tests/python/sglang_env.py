@@ -1,7 +1,8 @@
-"""Real SGLang 0.5.23 objects on CPU tensors for the adapter tests: a model runner with a real
+"""Real SGLang 0.5.23 objects for the adapter tests: a model runner with a real
 MLATokenToKVPool and ReqToTokenPool filled from a PagedCase, real ForwardBatch objects and
 RadixAttention layers shaped as DeepSeek builds them (attn_mqa: 576 / 512 with one KV head;
-attn_mha: 192 / 128 with H KV heads)."""
+attn_mha: 192 / 128 with H KV heads). The pools and the batch's device tensors live on `device`
+(cpu by default, or cuda); the case itself and the batch's host mirrors stay on the cpu."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -32,24 +33,25 @@ def model_config(heads, **over):
 
 def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_dim=64,
            disable_chunked_prefix_cache=False, tp_size=1, draft_attention_backend=None,
-           **cfg_over):
+           device="cpu", **cfg_over):
     P = case.page_size
+    device = str(device)
     pool = MLATokenToKVPool(case.num_slots, P, pool_dtype or kv_cache_dtype, 512, rope_dim, 1,
-                            "cpu", False)
+                            device, False)
     if rope_dim == 64 and (pool_dtype or kv_cache_dtype) == case.cache.dtype:
         pool.kv_buffer[0][:case.num_slots] = case.cache.view(-1, 1, 576)
     rows, cols = case.req_to_token.shape
-    rpool = ReqToTokenPool(rows, cols, "cpu", False)
+    rpool = ReqToTokenPool(rows, cols, device, False)
     rpool.req_to_token[:rows] = case.req_to_token
     return SimpleNamespace(
         model_config=model_config(heads * tp_size, **cfg_over), tp_size=tp_size, page_size=P,
-        device="cpu", kv_cache_dtype=kv_cache_dtype, token_to_kv_pool=pool, use_mla_backend=True,
+        device=device, kv_cache_dtype=kv_cache_dtype, token_to_kv_pool=pool, use_mla_backend=True,
         is_draft_worker=draft_attention_backend is not None,
         draft_attention_backend=draft_attention_backend,
         req_to_token_pool=rpool,
         kv_index_translator=KVIndexTranslator(
             req_to_token=rpool.req_to_token, token_to_kv_pool_allocator=None,
-            token_to_kv_pool=pool, page_size=P, device="cpu"),
+            token_to_kv_pool=pool, page_size=P, device=device),
         server_args=SimpleNamespace(max_running_requests=8,
                                     disable_chunked_prefix_cache=disable_chunked_prefix_cache))
 
@@ -63,10 +65,10 @@ def new_slots(case, q_lens):
     return torch.cat([case.slots(b)[-q:] for b, q in enumerate(q_lens)]).to(torch.int64)
 
 
-def batch(case, mode, q_lens, *, prefix=None, spec_info=None, kv_lens=None):
+def batch(case, mode, q_lens, *, prefix=None, spec_info=None, kv_lens=None, device="cpu"):
     """A real ForwardBatch. decode / target_verify / draft_extend / extend: the kv lengths are
     case.kv_lens, or kv_lens (for target_verify seq_lens excludes the draft tokens, as
-    SGLang's)."""
+    SGLang's). Its tensors are on `device`, the host mirrors (*_cpu) on the cpu, as SGLang's."""
     kv = torch.tensor(case.kv_lens if kv_lens is None else kv_lens, dtype=torch.int32)
     q = torch.tensor(q_lens, dtype=torch.int32)
     fm = getattr(ForwardMode, mode.upper()) if mode != "draft_extend" else ForwardMode.DRAFT_EXTEND_V2
@@ -76,11 +78,13 @@ def batch(case, mode, q_lens, *, prefix=None, spec_info=None, kv_lens=None):
     extra = {}
     if mode in ("extend", "draft_extend", "mixed"):
         pre = torch.tensor(prefix if prefix is not None else (kv - q).tolist(), dtype=torch.int32)
-        extra = dict(extend_seq_lens=q, extend_prefix_lens=pre, extend_seq_lens_cpu=q.tolist(),
-                     extend_prefix_lens_cpu=pre.tolist(), extend_num_tokens=T)
+        extra = dict(extend_seq_lens=q.to(device), extend_prefix_lens=pre.to(device),
+                     extend_seq_lens_cpu=q.tolist(), extend_prefix_lens_cpu=pre.tolist(),
+                     extend_num_tokens=T)
     return ForwardBatch(forward_mode=fm, batch_size=len(q_lens),
-                        input_ids=torch.zeros(T, dtype=torch.int64), req_pool_indices=rows,
-                        seq_lens=seq, out_cache_loc=new_slots(case, q_lens),
+                        input_ids=torch.zeros(T, dtype=torch.int64, device=device),
+                        req_pool_indices=rows.to(device), seq_lens=seq.to(device),
+                        out_cache_loc=new_slots(case, q_lens).to(device),
                         seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq, req_pool_indices_cpu=rows,
                         spec_info=spec_info, **extra)
 

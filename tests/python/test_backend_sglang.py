@@ -1,7 +1,13 @@
 """mla's SGLang backends inside the REAL SGLang 0.5.23 (scripts/setup-engines.sh installs it):
 its plugin loader and argument parser, AttentionBackend, RadixAttention.forward inside its
 forward_context, ForwardBatch, MLATokenToKVPool / ReqToTokenPool and DeepSeek's backend lists,
-on CPU tensors, against the float64 oracle."""
+against the float64 oracle. The tests that take the `device` fixture (conftest.py) run on CPU
+tensors and, where a CUDA device and mla's CUDA ops are present, on CUDA tensors too: decode,
+target-verify and draft-extend through RadixAttention, extends with a prefix (absorbed and
+chunked-prefix MHA), and the CUDA-graph hooks (on CUDA: a real capture and replay). On the GPU
+machine scripts/gpu-check.sh runs the CUDA ones (GPU_ENGINE_WHEELS, scripts/gpu-engine-wheels.sh):
+there SGLang's own code takes its CUDA paths (Triton / JIT pool writes), so the cpu ones are for
+machines without a GPU."""
 import argparse
 
 import pytest
@@ -90,67 +96,69 @@ def _absorbed_case(mode, q_len, seed):
 @pytest.mark.parametrize("mode,q_len", [("decode", 1), ("target_verify", 3),
                                         ("draft_extend", 2)])
 @pytest.mark.parametrize("split", [True, False])
-def test_absorbed_modes_through_radix_attention(family, mode, q_len, split):
+def test_absorbed_modes_through_radix_attention(family, mode, q_len, split, device):
     case = _absorbed_case(mode, q_len, 7 + q_len)
-    be = env.backend(NAMES[family], case, heads=H)
+    be = env.backend(NAMES[family], case, heads=H, device=device)
     slots = env.new_slots(case, [q_len] * 3)
     new_rows = case.cache[slots].clone()
     pool = be.token_to_kv_pool
-    pool.kv_buffer[0][slots] = 0  # the new rows arrive through save_kv_cache
+    pool.kv_buffer[0][slots.to(device)] = 0  # the new rows arrive through save_kv_cache
     spec = type("Spec", (), {"draft_token_num": q_len, "topk": 1})()
-    fb = env.batch(case, mode, [q_len] * 3, spec_info=spec)
+    fb = env.batch(case, mode, [q_len] * 3, spec_info=spec, device=device)
     be.init_forward_metadata(fb)
     assert be.forward_method == "absorbed"
     layer = env.attn_mqa(H, case.sm_scale)
     T = 3 * q_len
-    c_kv, k_pe = new_rows[:, None, :512], new_rows[:, None, 512:]
+    q, rows = case.q.to(device), new_rows.to(device)
+    c_kv, k_pe = rows[:, None, :512], rows[:, None, 512:]
     if split:  # DeepSeek's form for FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
-        o = run(be, layer, fb, case.q[..., :512], c_kv, c_kv, q_rope=case.q[..., 512:],
-                k_rope=k_pe)
+        o = run(be, layer, fb, q[..., :512], c_kv, c_kv, q_rope=q[..., 512:], k_rope=k_pe)
     else:  # the concatenated form DeepSeek sends other backends
-        o = run(be, layer, fb, case.q, new_rows[:, None, :], c_kv)
-    assert o.shape == (T, H * 512)
+        o = run(be, layer, fb, q, rows[:, None, :], c_kv)
+    assert o.shape == (T, H * 512) and o.device == q.device
     ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(3)],
                                [q_len] * 3, case.sm_scale, True)
     assert oracle.rel_err(o.view(T, H, 512), ref_o) < 1e-2
-    assert torch.equal(pool.kv_buffer[0][slots].view(-1, 576), new_rows)
+    assert torch.equal(pool.kv_buffer[0][slots.to(device)].view(-1, 576).cpu(), new_rows)
 
 
-def test_idle_batch():
+def test_idle_batch(device):
     case = _absorbed_case("decode", 1, 3)
-    be = env.backend("mla_paged", case, heads=H)
+    be = env.backend("mla_paged", case, heads=H, device=device)
     e = torch.empty(0, dtype=torch.int64)
+    d = e.to(device)
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-    fb = ForwardBatch(forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=e,
-                      req_pool_indices=e, seq_lens=e.int(), out_cache_loc=e, seq_lens_sum=0,
+    fb = ForwardBatch(forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=d,
+                      req_pool_indices=d, seq_lens=d.int(), out_cache_loc=d, seq_lens_sum=0,
                       seq_lens_cpu=e.int(), req_pool_indices_cpu=e)
     be.init_forward_metadata(fb)
-    q = torch.empty(0, H, 576, dtype=torch.bfloat16)
-    o = run(be, env.attn_mqa(H, 0.1), fb, q, torch.empty(0, 1, 576, dtype=torch.bfloat16),
-            torch.empty(0, 1, 512, dtype=torch.bfloat16))
+    q = torch.empty(0, H, 576, dtype=torch.bfloat16, device=device)
+    o = run(be, env.attn_mqa(H, 0.1), fb, q,
+            torch.empty(0, 1, 576, dtype=torch.bfloat16, device=device),
+            torch.empty(0, 1, 512, dtype=torch.bfloat16, device=device))
     assert o.shape == (0, H * 512)
 
 
-def test_extend_with_prefix_absorbed_paged():
+def test_extend_with_prefix_absorbed_paged(device):
     """paged_mla: short prefixes (sum below the threshold) are served absorbed, causal."""
     q_lens = [4, 2]
     case = PagedCase(page_size=P, kv_lens=[30, 14], q_lens=q_lens, heads=H, layout="shuffled",
                      seed=5)
-    be = env.backend("mla_paged", case, heads=H)
-    fb = env.batch(case, "extend", q_lens)
+    be = env.backend("mla_paged", case, heads=H, device=device)
+    fb = env.batch(case, "extend", q_lens, device=device)
     be.init_forward_metadata(fb)
     assert be.forward_method == "absorbed"
     assert handler_method(be, fb) == AttnForwardMethod.MLA
     layer = env.attn_mqa(H, case.sm_scale)
-    o = run(be, layer, fb, case.q, case.cache[env.new_slots(case, q_lens)][:, None, :],
-            case.cache[env.new_slots(case, q_lens)][:, None, :512])
+    new_rows = case.cache[env.new_slots(case, q_lens)].to(device)
+    o = run(be, layer, fb, case.q.to(device), new_rows[:, None, :], new_rows[:, None, :512])
     ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(2)], q_lens,
                                case.sm_scale, True)
     assert oracle.rel_err(o.view(6, H, 512), ref_o) < 1e-2
 
 
 @pytest.mark.parametrize("family", ["chunked_mla", "ondemand_mla"])
-def test_extend_with_prefix_chunked(family, monkeypatch):
+def test_extend_with_prefix_chunked(family, monkeypatch, device):
     """DeepSeek's MHA_CHUNKED_KV flow as forward_mha.py runs it: a causal MHA over the new tokens
     returning LSE, then SGLang's own prepare_chunked_prefix_cache_info (several chunks: capacity
     32 over 2 requests), init_mha_chunk_metadata with its 2-D tensors, one non-causal pass per
@@ -164,15 +172,15 @@ def test_extend_with_prefix_chunked(family, monkeypatch):
     kv_lens = [q + p for q, p in zip(q_lens, prefix)]
     case = PagedCase(page_size=P, kv_lens=kv_lens, q_lens=q_lens, heads=H, layout="shuffled",
                      seed=2)
-    be = env.backend(NAMES[family], case, heads=H)
-    fb = env.batch(case, "extend", q_lens)
+    be = env.backend(NAMES[family], case, heads=H, device=device)
+    fb = env.batch(case, "extend", q_lens, device=device)
     be.init_forward_metadata(fb)
     assert be.forward_method == "mha_chunked"
     assert handler_method(be, fb) == AttnForwardMethod.MHA_CHUNKED_KV
     g = torch.Generator().manual_seed(0)
 
     def rnd(*shape):
-        return (torch.randn(*shape, generator=g) * 0.5).to(torch.bfloat16)
+        return (torch.randn(*shape, generator=g) * 0.5).to(torch.bfloat16).to(device)
 
     q, k, v = rnd(6, H, 192), rnd(6, H, 192), rnd(6, H, 128)
     pk, pv = [rnd(p, H, 192) for p in prefix], [rnd(p, H, 128) for p in prefix]
@@ -181,7 +189,7 @@ def test_extend_with_prefix_chunked(family, monkeypatch):
         fb.mha_return_lse = True
         fb.set_attn_attend_prefix_cache(False)
         o, lse = layer.forward(q, k, v, fb, save_kv_cache=False)
-        fb.prepare_chunked_prefix_cache_info(torch.device("cpu"))
+        fb.prepare_chunked_prefix_cache_info(device)
         assert fb.num_prefix_chunks == 3 and fb.prefix_chunk_cu_seq_lens.dim() == 2
         be.init_mha_chunk_metadata(fb)
         fb.set_attn_attend_prefix_cache(True)
@@ -223,29 +231,64 @@ def test_forward_method_rule(family, prefix, method):
     assert off.forward_method == ("mha" if not any(prefix) else "absorbed")
 
 
-def test_cuda_graph_hooks_replan_into_the_captured_plan():
+def test_cuda_graph_hooks_replan_into_the_captured_plan(device):
+    """SGLang 0.5.23's graph runner calls: init_cuda_graph_state, init_forward_metadata_out_graph
+    (in_capture=True) and _in_graph at capture, a warm-up run, then before each replay
+    init_forward_metadata_out_graph of the new batch into the same plan. On CUDA the layer's
+    forward (split q / k_rope form, writing the new latent rows through the pool) is captured
+    in a torch.cuda.CUDAGraph and replayed over another batch of the same size (new lengths,
+    pages, q and write locations copied into the captured tensors); on the cpu the same calls
+    run eagerly."""
     case = _absorbed_case("decode", 1, 4)
-    be = env.backend("mla_paged", case, heads=H)
+    be = env.backend("mla_paged", case, heads=H, device=device)
     be.init_cuda_graph_state(4, 4)
     assert be.get_cuda_graph_seq_len_fill_value() == 1
-    fb = env.batch(case, "decode", [1] * 3)
+    fb = env.batch(case, "decode", [1] * 3, device=device)
     be.init_forward_metadata_out_graph(fb, in_capture=True)
     be.init_forward_metadata_in_graph(fb)
     captured = be._plan
     assert captured is be._graph_plan
+    layer = env.attn_mqa(H, case.sm_scale)
+    # The captured inputs: q (split call: q_nope and q_rope views), the new rows, their slots.
+    q = case.q.to(device).clone()
+    rows = case.cache[env.new_slots(case, [1] * 3)].to(device)
+
+    def forward():
+        return run(be, layer, fb, q[..., :512], rows[:, None, :512], rows[:, None, :512],
+                   q_rope=q[..., 512:], k_rope=rows[:, None, 512:])
+
+    graph = None
+    if device.type == "cuda":
+        forward()  # warm-up (SGLang's runner too): first launches load their kernels
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            o = forward()
     # Replay: other lengths, planned into the same buffers.
     case2 = PagedCase(page_size=P, kv_lens=[9, 30, 17], q_lens=[1] * 3, heads=H,
                       layout="reversed", seed=11)
+    slots2 = env.new_slots(case2, [1] * 3)
     be.token_to_kv_pool.kv_buffer[0][:case2.num_slots] = case2.cache.view(-1, 1, 576)
+    be.token_to_kv_pool.kv_buffer[0][slots2.to(device)] = 0  # written by the replayed forward
     r, c = case2.req_to_token.shape
     be.req_to_token_pool.req_to_token[:r, :c] = case2.req_to_token
-    fb2 = env.batch(case2, "decode", [1] * 3)
+    fb2 = env.batch(case2, "decode", [1] * 3, device=device)
     be.init_forward_metadata_out_graph(fb2)
     assert be._plan is captured and be.stats["graph_plans"] == 2
-    o = run(be, env.attn_mqa(H, case2.sm_scale), fb2, case2.q, None, None, save_kv_cache=False)
+    q.copy_(case2.q)
+    rows.copy_(case2.cache[slots2])
+    if graph is not None:
+        fb.out_cache_loc.copy_(fb2.out_cache_loc)  # the runner's static buffers
+        graph.replay()
+        torch.cuda.synchronize()
+    else:
+        fb = fb2
+        o = forward()
     ref_o, _ = oracle.absorbed(case2.q, case2.cache, [case2.slots(b) for b in range(3)],
                                [1] * 3, case2.sm_scale, True)
     assert oracle.rel_err(o.view(3, H, 512), ref_o) < 1e-2
+    assert torch.equal(be.token_to_kv_pool.kv_buffer[0][slots2.to(device)].view(-1, 576).cpu(),
+                       case2.cache[slots2])
 
 
 # ---- bad input: a clear error naming the field ----

@@ -113,12 +113,12 @@ def test_absorbed_table_shape_is_checked_before_the_run(device):
     lse = torch.zeros(2, 16, dtype=torch.float32, device=device)
     rows = case.rows.tolist()
     plan.plan(rows, [1, 1], [40, 9])
-    with pytest.raises(ValueError, match=r"req_to_token: \d+ columns, but the plan reads 33"):
+    with pytest.raises(ValueError, match=r"req_to_token: \d+ columns, but request 0 reads 33 for its 40 keys"):
         plan.run(case.q, case.cache, case.req_to_token[:, :32], o, lse, case.sm_scale)
-    with pytest.raises(ValueError, match=r"req_to_token: 1 rows, but the plan reads row"):
+    with pytest.raises(ValueError, match=r"req_to_token: 1 rows, but request \d reads row"):
         plan.run(case.q, case.cache, case.req_to_token[:1], o, lse, case.sm_scale)  # rows >= 1
     plan.plan([0, 1], [1, 1], [40, 9])
-    with pytest.raises(ValueError, match=r"block_table: 2 columns, but the plan reads 3"):
+    with pytest.raises(ValueError, match=r"block_table: 2 columns, but request 0 reads 3"):
         plan.run(case.q, case.cache, None, o, lse, case.sm_scale,
                  block_table=case.block_table[:, :2].contiguous())
     flat = torch.tensor([p for ps in case.pages for p in ps], dtype=torch.int32, device=device)

@@ -3,8 +3,9 @@ RadixAttention.forward alone): ModelRunner's load-time chunked-prefix gate
 (model_runner_components/misc_utils.maybe_disable_chunked_prefix_cache) with the config SGLang
 publishes, ModelRunner's backend construction (attention_backend_setup.build_attention_backends),
 and the EAGLE / DeepSeek MTP draft worker's DraftBackendFactory (speculative/draft_utils.py),
-whose backends then run a draft decode and a draft extend on CPU tensors against the float64
-oracle."""
+whose backends then run a draft decode and a draft extend against the float64 oracle (on CPU
+tensors, and on CUDA tensors too where a CUDA device and mla's CUDA ops are present: the tests
+that take the `device` fixture)."""
 from types import SimpleNamespace
 
 import pytest
@@ -164,7 +165,7 @@ def factory_backends(runner, **server_args):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_draft_factory_builds_mla_backends_and_a_draft_decode_matches(name):
+def test_draft_factory_builds_mla_backends_and_a_draft_decode_matches(name, device):
     """--attention-backend <mla name> with EAGLE: the real factory returns mla's multi-step
     draft backend (one backend per step, stamped with the name DeepSeek dispatches on) and
     mla's draft-extend backend. Then the draft worker's decode as eagle_worker_v2.draft_forward
@@ -172,7 +173,7 @@ def test_draft_factory_builds_mla_backends_and_a_draft_decode_matches(name):
     forward_context(attn_backend=attn_backends[i]) with out_cache_loc = the slot after the
     committed tokens + i, writing its new latent row and attending to committed + i + 1 keys."""
     committed, case = draft_case(7)
-    runner = env.runner(case, heads=H)
+    runner = env.runner(case, heads=H, device=device)
     dec, ext = factory_backends(runner, attention_backend=name)
     assert isinstance(dec, plugin.MLAMultiStepDraftBackend)
     assert len(dec.attn_backends) == STEPS - 1 and dec.needs_cpu_seq_lens
@@ -187,18 +188,20 @@ def test_draft_factory_builds_mla_backends_and_a_draft_decode_matches(name):
                    for i in range(STEPS - 1)]
     rows = [case.cache[s].clone() for s in draft_slots]
     for s in draft_slots:
-        pool.kv_buffer[0][s] = 0  # each draft row arrives through its step's save_kv_cache
-    fb = env.batch(case, "decode", [1] * 3, kv_lens=committed)
+        pool.kv_buffer[0][s.to(device)] = 0  # each draft row arrives through its step's save
+    fb = env.batch(case, "decode", [1] * 3, kv_lens=committed, device=device)
     dec.init_forward_metadata(fb)
     layer = env.attn_mqa(H, case.sm_scale)
     g = torch.Generator().manual_seed(3)
     for i in range(STEPS - 1):
         q = (torch.randn(3, H, 576, generator=g) * 0.5).to(torch.bfloat16)
-        fb.out_cache_loc = draft_slots[i]
+        fb.out_cache_loc = draft_slots[i].to(device)
+        qd, rd = q.to(device), rows[i].to(device)
         with forward_context(ForwardContext(attn_backend=dec.attn_backends[i])):
-            o = layer.forward(q[..., :512], rows[i][:, None, :512], rows[i][:, None, :512], fb,
-                              q_rope=q[..., 512:], k_rope=rows[i][:, None, 512:])
-        assert torch.equal(pool.kv_buffer[0][draft_slots[i]].view(-1, 576), rows[i])
+            o = layer.forward(qd[..., :512], rd[:, None, :512], rd[:, None, :512], fb,
+                              q_rope=qd[..., 512:], k_rope=rd[:, None, 512:])
+        assert torch.equal(pool.kv_buffer[0][draft_slots[i].to(device)].view(-1, 576).cpu(),
+                           rows[i])
         keys = [case.slots(b)[:committed[b] + i + 1] for b in range(3)]
         ref_o, _ = oracle.absorbed(q, case.cache, keys, [1] * 3, case.sm_scale, True)
         assert oracle.rel_err(o.view(3, H, 512), ref_o) < 1e-2, f"draft step {i}"
@@ -206,23 +209,24 @@ def test_draft_factory_builds_mla_backends_and_a_draft_decode_matches(name):
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("attention_mode", ["prefill", "decode"])
-def test_draft_extend_from_the_factory_matches(name, attention_mode):
+def test_draft_extend_from_the_factory_matches(name, attention_mode, device):
     """The draft extend after verify (DRAFT_EXTEND_V2: seq_lens past the num_draft_tokens new
     rows, each request's window causal over its prefix), through the backend the factory
     gives for either --speculative-attention-mode."""
     committed, case = draft_case(11)
     n = STEPS  # num_draft_tokens of a chain: steps + 1 minus the bonus token
-    dec, ext = factory_backends(env.runner(case, heads=H), attention_backend=name,
+    dec, ext = factory_backends(env.runner(case, heads=H, device=device), attention_backend=name,
                                 speculative_attention_mode=attention_mode)
-    fb = env.batch(case, "draft_extend", [n] * 3)
+    fb = env.batch(case, "draft_extend", [n] * 3, device=device)
     ext.init_forward_metadata(fb)
     assert ext.forward_method == "absorbed"
     new = env.new_slots(case, [n] * 3)
     q = (torch.randn(3 * n, H, 576, generator=torch.Generator().manual_seed(5)) * 0.5).to(
         torch.bfloat16)
+    rows = case.cache[new].to(device)
     with forward_context(ForwardContext(attn_backend=ext)):
-        o = env.attn_mqa(H, case.sm_scale).forward(q, case.cache[new][:, None, :],
-                                                   case.cache[new][:, None, :512], fb)
+        o = env.attn_mqa(H, case.sm_scale).forward(q.to(device), rows[:, None, :],
+                                                   rows[:, None, :512], fb)
     ref_o, _ = oracle.absorbed(q, case.cache, [case.slots(b) for b in range(3)], [n] * 3,
                                case.sm_scale, True)
     assert oracle.rel_err(o.view(3 * n, H, 512), ref_o) < 1e-2

@@ -104,6 +104,18 @@ def _decode_inputs(case, step, device):
             rows[:, None, :512], rows[:, None, 512:])
 
 
+def _steady_allocations(step, monkeypatch):
+    """Runs step(s) for the WARMUP steps, then counts the allocations of the next STEPS:
+    (what count_allocations saw, the last step's result)."""
+    for s in range(WARMUP):
+        step(s)
+    last = None
+    with count_allocations(monkeypatch) as seen:
+        for s in range(WARMUP, WARMUP + STEPS):
+            last = step(s)
+    return seen, last
+
+
 def _report(seen):
     return "\n".join(f"{op} from {' <- '.join(frames[:3])}" for op, frames in seen)
 
@@ -132,11 +144,7 @@ def test_backend_decode_steady_state_allocates_nothing(family, device, monkeypat
             o = be.forward_decode(q, c_kv, None, layer, fb, q_rope=q_rope, k_rope=k_pe)
         return o
 
-    for s in range(WARMUP):
-        step(s)
-    with count_allocations(monkeypatch) as seen:
-        for s in range(WARMUP, WARMUP + STEPS):
-            o = step(s)
+    seen, o = _steady_allocations(step, monkeypatch)
     assert not seen, f"{len(seen)} allocations in {STEPS} steady decode steps:\n{_report(seen)}"
     # The result is still right: the last step against the float64 oracle, over the rows the
     # steps wrote through kv_write.
@@ -183,11 +191,7 @@ def test_sglang_adapter_decode_steady_state_allocates_nothing(monkeypatch):
                     o = layer.forward(q, c_kv, c_kv, fb, q_rope=q_rope, k_rope=k_pe)
             return o
 
-        for s in range(WARMUP):
-            step(s)
-        with count_allocations(monkeypatch) as seen:
-            for s in range(WARMUP, WARMUP + STEPS):
-                step(s)
+        seen, _ = _steady_allocations(step, monkeypatch)
     ours = [(op, frames) for op, frames in seen
             if not any("mem_cache/memory_pool.py" in f for f in frames)]
     assert not ours, (f"{len(ours)} allocations in {STEPS} steady decode steps:\n"

@@ -300,6 +300,34 @@ def test_plan_bad_inputs(device):
     assert torch.equal(plan.plan_tensor, before)
 
 
+@pytest.mark.parametrize("rows, q_lens, kv_lens, message", [
+    ([1, 2], [1], [5, 0], r"req_rows has 2 entries, q_lens 1, kv_lens 2 \(one per request\)"),
+    ([1, 2, 3], [1, 1, 1], [5, 6, 7], r"batch size 3 exceeds capacity max_batch = 2"),
+    ([1, 2], [1, -1], [5, 0], r"q_lens\[1\] = -1 is negative"),
+    ([1, 2], [1, 1], [-3, 0], r"kv_lens\[0\] = -3 is negative"),
+    ([1, -2], [1, 1], [5, 0], r"req_rows\[1\] = -2 is negative"),
+    ([1, 2], [2, 0], [5, 0], r"q_lens\[0\] = 2 exceeds capacity max_q_len = 1"),
+])
+def test_plan_request_checks_are_the_librarys(device, rows, q_lens, kv_lens, message):
+    """The plan's request checks are the C++ rule (mla::check_absorbed_problem), reached through
+    the plan op for every op set: ValueError naming the field and the value, and nothing
+    written to the plan."""
+    plan = ops.AbsorbedPlan(device, 16, 16, max_batch=2, max_q_tokens=2)
+    plan.plan([1, 2], [1, 1], [5, 0])
+    before = plan.plan_tensor.clone()
+    with pytest.raises(ValueError, match=message):
+        plan.plan(rows, q_lens, kv_lens)
+    assert torch.equal(plan.plan_tensor, before)
+
+
+def test_plan_capacity_checks_are_the_librarys(device):
+    plan = ops.AbsorbedPlan(device, 16, 16, max_batch=2, max_q_tokens=1, max_q_len=4)
+    before = plan.plan_tensor.clone()
+    with pytest.raises(ValueError, match=r"sum\(q_lens\) = 2 exceeds capacity max_q_tokens = 1"):
+        plan.plan([1, 2], [1, 1], [5, 0])
+    assert torch.equal(plan.plan_tensor, before)
+
+
 def test_merge_and_kv_write_bad_inputs(device):
     va = torch.zeros(3, 16, 512, dtype=torch.bfloat16, device=device)
     sa = torch.zeros(3, 16, device=device)

@@ -57,6 +57,8 @@ TEST(CudaAbsorbedChoose, KernelDependsOnlyOnTheCacheDtype) {
           const auto c = choose_kernel(heads, q_len, page, dt);
           ASSERT_TRUE(c.ok());
           EXPECT_EQ(c->kernel, first->kernel) << heads << " " << page << " " << q_len;
+          // run() looks the entry up from the cache dtype instead of choosing again.
+          EXPECT_EQ(c->kernel, cuda::absorbed::kernel_for_cache(dt));
         }
       }
     }

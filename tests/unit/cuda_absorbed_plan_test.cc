@@ -17,6 +17,7 @@
 #include "conformance/case_gen.h"
 #include "conformance/conformance.h"
 #include "fuzz/plan_checks.h"
+#include "kernels/cuda/absorbed/choose.h"
 #include "kernels/cuda/absorbed/params.h"
 #include "kernels/cuda/absorbed/plan.h"
 #include "kernels/cuda/absorbed/traits.h"

@@ -102,15 +102,8 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
 
   StatusOr<std::size_t> plan(const AbsorbedProblem& p, const AttnCapacity& cap,
                              std::span<std::byte> host_plan) const override {
+    MLA_RETURN_IF_ERROR(check_absorbed_problem(p, cap));  // the shared rule (ops.h)
     const int bs = static_cast<int>(p.req_rows.size());
-    MLA_CHECK_ARG(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
-                  "absorbed plan: req_rows has {} entries, q_lens {}, kv_lens {}",
-                  p.req_rows.size(), p.q_lens.size(), p.kv_lens.size());
-    MLA_CHECK_ARG(p.num_heads == cap.num_heads, "absorbed plan: num_heads {} != capacity {}",
-                  p.num_heads, cap.num_heads);
-    MLA_RETURN_IF_ERROR(supports(p.num_heads, p.page_size, DType::kBF16));
-    MLA_CHECK_ARG(bs <= cap.max_batch, "absorbed plan: batch size {} exceeds capacity {}", bs,
-                  cap.max_batch);
     const std::size_t need = plan_size(bs);
     MLA_CHECK_ARG(host_plan.size() >= need, "absorbed plan: host_plan has {} bytes, need {}",
                   host_plan.size(), need);
@@ -118,20 +111,11 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     int32_t max_q = 0, max_kv = 0;
     for (int b = 0; b < bs; ++b) {
       const int32_t q = p.q_lens[b], kv = p.kv_lens[b];
-      MLA_CHECK_ARG(q >= 0 && kv >= 0, "absorbed plan: q_lens[{}] = {}, kv_lens[{}] = {}", b, q, b,
-                    kv);
-      MLA_CHECK_ARG(q <= cap.max_q_len, "absorbed plan: q_lens[{}] = {} exceeds max_q_len {}", b, q,
-                    cap.max_q_len);
-      MLA_CHECK_ARG(p.req_rows[b] >= 0, "absorbed plan: req_rows[{}] = {} is negative", b,
-                    p.req_rows[b]);
       total_q += q;
       total_kv += kv;
       max_q = std::max(max_q, q);
       max_kv = std::max(max_kv, kv);
     }
-    MLA_CHECK_ARG(total_q <= cap.max_q_tokens,
-                  "absorbed plan: {} query tokens exceed capacity max_q_tokens {}", total_q,
-                  cap.max_q_tokens);
     auto* base = host_plan.data();
     PlanHeader h;
     h.magic = kAbsorbedPlanMagic;
@@ -194,14 +178,15 @@ class CpuAbsorbedOp final : public AbsorbedAttentionOp {
     // Every slot the plan reads must be inside the cache.
     const int64_t num_slots = a.kv_cache.shape[0];
     const int page_size = h.page_size;
+    // The table's shape first (the rule every op set shares: check_table_extents), then every
+    // entry read, which only a host table lets us see.
+    MLA_RETURN_IF_ERROR(check_table_extents(
+        table,
+        absorbed_table_extents({pv.req_rows, static_cast<std::size_t>(bs)},
+                               {pv.kv_lens, static_cast<std::size_t>(bs)}, page_size),
+        page_size));
     for (int b = 0; b < bs; ++b) {
       const int32_t row = pv.req_rows[b];
-      // A request without keys reads no entry (a flat page list's offset may be its end).
-      MLA_CHECK_ARG(row >= 0 && (row < table.rows || pv.kv_lens[b] == 0),
-                    "req_rows[{}] = {} outside {} rows [0, {})", b, row, table.name, table.rows);
-      MLA_CHECK_ARG(pv.kv_lens[b] <= table.max_keys(row, page_size),
-                    "kv_lens[{}] = {} exceeds the {} keys {} row {} holds (page_size {})", b,
-                    pv.kv_lens[b], table.max_keys(row, page_size), table.name, row, page_size);
       for (int64_t i = 0; i < pv.kv_lens[b]; ++i) {
         const int64_t slot = table.slot(row, i, page_size);
         MLA_CHECK_ARG(slot >= 0 && slot < num_slots,

@@ -6,6 +6,7 @@
 #include "kernels/cuda/kv_write_kernel.h"
 #include "kernels/cuda/mha/view_checks.h"
 #include "kernels/cuda/ops_factory.h"
+#include "mla/model.h"
 
 namespace mla::cuda {
 namespace {
@@ -18,11 +19,11 @@ class CudaKvWriteOp final : public KvWriteOp {
     const Device dev = ctx.device;
     const int64_t t = a.out_cache_loc.ndim == 1 ? a.out_cache_loc.shape[0] : -1;
     MLA_RETURN_IF_ERROR(expect_tensor(a.out_cache_loc, "out_cache_loc", DType::kI32, {t}, dev));
-    MLA_RETURN_IF_ERROR(expect_strided(a.c_kv, "c_kv", DType::kBF16, {t, 512}, dev, 16));
-    MLA_RETURN_IF_ERROR(expect_strided(a.k_pe, "k_pe", DType::kBF16, {t, 64}, dev, 16));
+    MLA_RETURN_IF_ERROR(expect_strided(a.c_kv, "c_kv", DType::kBF16, {t, kKvLoraRank}, dev, 16));
+    MLA_RETURN_IF_ERROR(expect_strided(a.k_pe, "k_pe", DType::kBF16, {t, kQkRopeDim}, dev, 16));
     const bool fp8 = a.kv_cache.dtype == DType::kFP8E4M3;
     MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", fp8 ? DType::kFP8E4M3 : DType::kBF16,
-                                      {-1, 576}, dev));
+                                      {-1, kLatentDim}, dev));
     if (fp8) {
       MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f,
                     "cuda kv_write: k_scale = {} must be positive for an fp8 cache", a.k_scale);

@@ -9,6 +9,7 @@
 #include "kernels/cuda/mha/view_checks.h"
 #include "kernels/cuda/ops_factory.h"
 #include "kernels/cuda/up_project_kernel.h"
+#include "mla/model.h"
 
 namespace mla::cuda {
 namespace {
@@ -18,7 +19,7 @@ constexpr std::size_t kAlign = 256;
 class CudaUpProjectOp final : public UpProjectOp {
  public:
   std::size_t workspace_bytes(int64_t max_tokens, int) const override {
-    const auto bytes = static_cast<std::size_t>(std::max<int64_t>(max_tokens, 0)) * 512 * 2;
+    const auto bytes = static_cast<std::size_t>(std::max<int64_t>(max_tokens, 0)) * kKvLoraRank * 2;
     return (bytes + kAlign - 1) / kAlign * kAlign;
   }
 
@@ -31,10 +32,11 @@ class CudaUpProjectOp final : public UpProjectOp {
     MLA_RETURN_IF_ERROR(expect_tensor(a.slots, "slots", DType::kI32, {n}, dev));
     const bool fp8 = a.kv_cache.dtype == DType::kFP8E4M3;
     MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", fp8 ? DType::kFP8E4M3 : DType::kBF16,
-                                      {-1, 576}, dev));
-    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_b_proj, "kv_b_proj", DType::kBF16, {h * 256, 512}, dev));
-    MLA_RETURN_IF_ERROR(expect_strided(a.k, "k", DType::kBF16, {n, h, 192}, dev, 16));
-    MLA_RETURN_IF_ERROR(expect_strided(a.v, "v", DType::kBF16, {n, h, 128}, dev, 2));
+                                      {-1, kLatentDim}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_b_proj, "kv_b_proj", DType::kBF16,
+                                      {h * kKvBProjRowsPerHead, kKvLoraRank}, dev));
+    MLA_RETURN_IF_ERROR(expect_strided(a.k, "k", DType::kBF16, {n, h, kQkHeadDim}, dev, 16));
+    MLA_RETURN_IF_ERROR(expect_strided(a.v, "v", DType::kBF16, {n, h, kVHeadDim}, dev, 2));
     if (fp8) {
       MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f,
                     "cuda up_project: k_scale = {} must be positive for an fp8 cache", a.k_scale);
@@ -68,15 +70,17 @@ class CudaUpProjectOp final : public UpProjectOp {
     // Column-major per head: out (128 x N, ld = token stride) = W^T (128 x 512) * c_kv^T
     // (512 x N); W row-major [128, 512] is column-major 512 x 128 -> op T. c_kv is shared by all
     // heads (stride 0).
+    static_assert(kQkNopeDim == kVHeadDim, "one GEMM shape serves W_UK and W_UV");
     const auto gemm = [&](const uint16_t* w0, void* out, int64_t ld, int64_t head_stride) {
       return cublasGemmStridedBatchedEx(
-          lease.handle(), CUBLAS_OP_T, CUBLAS_OP_N, 128, static_cast<int>(n), 512, &alpha, w0,
-          CUDA_R_16BF, 512, 256 * 512, g.c_kv, CUDA_R_16BF, 512, 0, &beta, out, CUDA_R_16BF,
-          static_cast<int>(ld), head_stride, static_cast<int>(h), CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT);
+          lease.handle(), CUBLAS_OP_T, CUBLAS_OP_N, kQkNopeDim, static_cast<int>(n), kKvLoraRank,
+          &alpha, w0, CUDA_R_16BF, kKvLoraRank, kKvBProjRowsPerHead * kKvLoraRank, g.c_kv,
+          CUDA_R_16BF, kKvLoraRank, 0, &beta, out, CUDA_R_16BF, static_cast<int>(ld), head_stride,
+          static_cast<int>(h), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     };
     MLA_CUBLAS_RETURN_IF_ERROR(gemm(w, a.k.data, a.k.stride[0], a.k.stride[1]));
-    MLA_CUBLAS_RETURN_IF_ERROR(gemm(w + 128 * 512, a.v.data, a.v.stride[0], a.v.stride[1]));
+    MLA_CUBLAS_RETURN_IF_ERROR(
+        gemm(w + kQkNopeDim * kKvLoraRank, a.v.data, a.v.stride[0], a.v.stride[1]));
     MLA_CUDA_CHECK_LAUNCH("cublasGemmStridedBatchedEx(up_project)", stream);
     return Status::Ok();
   }

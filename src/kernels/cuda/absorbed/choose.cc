@@ -1,17 +1,28 @@
 #include "kernels/cuda/absorbed/choose.h"
 
-#include "kernels/cuda/absorbed/plan.h"
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/absorbed/traits.h"
 #include "mla/kv_pool.h"
 #include "mla/model.h"
 
 namespace mla::cuda::absorbed {
+
+int rows_per_tile(int num_heads, int max_q_len) {
+  const int64_t rows = int64_t{num_heads} * std::max(max_q_len, 1);
+  if (rows <= 16) return 16;
+  if (rows <= 32) return 32;
+  return kMaxRows;
+}
 
 StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DType cache_dtype) {
   if (!supported_head_count(num_heads)) {
     return unsupported("cuda absorbed: num_heads = {} (supported: 1 to {})", num_heads, kMaxHeads);
   }
   if (!is_supported_page_size(page_size)) {
-    return unsupported("cuda absorbed: page_size = {} (supported: 1, 16, 32, 64, 128)", page_size);
+    return unsupported("cuda absorbed: page_size = {} (supported: {})", page_size,
+                       page_sizes_text());
   }
   if (q_len < 1) return unsupported("cuda absorbed: q_len = {} must be at least 1", q_len);
   KernelChoice c;
@@ -24,7 +35,7 @@ StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DT
   // lands); TMA boxes of 64 key rows for pages of 64 and more, cp.async gathers below.
   const bool fp8 = cache_dtype == DType::kFP8E4M3;
   const bool tma = page_size >= kTmaBoxRows;
-  c.kernel = fp8 ? AbsorbedKernel::kSm90Fp8 : AbsorbedKernel::kSm90;
+  c.kernel = kernel_for_cache(cache_dtype);
   c.tma_box_rows = tma ? kTmaBoxRows : 0;
   c.name = fp8 ? (tma ? "sm90 wgmma, fp8, TMA" : "sm90 wgmma, fp8, cp.async")
                : (tma ? "sm90 wgmma, TMA" : "sm90 wgmma, cp.async");

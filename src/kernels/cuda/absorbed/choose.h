@@ -31,6 +31,17 @@ struct KernelChoice {
   const char* name = "";
 };
 
+// Rows per tile for a batch: the smallest of 16 / 32 / 64 holding heads x longest q_len
+// (batch-invariant plans use kMaxRows whatever this says).
+int rows_per_tile(int num_heads, int max_q_len);
+
+// The kernel entry for a latent cache dtype (bf16, or fp8 e4m3): the one part of the choice that
+// the op's run() needs, and the only one that depends on the cache, so a plan serves either
+// cache and run() looks this up instead of choosing again.
+inline AbsorbedKernel kernel_for_cache(DType cache_dtype) {
+  return cache_dtype == DType::kFP8E4M3 ? AbsorbedKernel::kSm90Fp8 : AbsorbedKernel::kSm90;
+}
+
 // Error (kUnsupported, naming the field and value) for head counts outside 1..128,
 // pages other than 1/16/32/64/128, q_len < 1 and caches other than bf16 / fp8 e4m3.
 StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DType cache_dtype);

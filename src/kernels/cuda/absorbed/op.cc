@@ -45,8 +45,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
 
   StatusOr<std::size_t> plan(const AbsorbedProblem& problem, const AttnCapacity& cap,
                              std::span<std::byte> host_plan) const override {
-    MLA_RETURN_IF_ERROR(supports(problem.num_heads, problem.page_size, DType::kBF16));
-    return absorbed::build_plan(problem, cap, grid_ctas(), host_plan);
+    return absorbed::build_plan(problem, cap, grid_ctas(), host_plan);  // chooses once
   }
 
   Status run(const AbsorbedArgs& a, const ExecContext& ctx) const override {
@@ -57,20 +56,22 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
       MLA_CHECK_ARG(std::isfinite(a.k_scale) && a.k_scale > 0.f,
                     "k_scale = {} must be positive for an fp8 cache", a.k_scale);
     }
-    MLA_CHECK_ARG(a.q.ndim == 3, "q: expected [T, H, 576], got {}", a.q.describe());
+    MLA_CHECK_ARG(a.q.ndim == 3, "q: expected [T, H, {}], got {}", kLatentDim, a.q.describe());
     const int64_t tokens = a.q.shape[0], heads = a.q.shape[1];
-    MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, 576}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(a.q, "q", DType::kBF16, {tokens, heads, kLatentDim}, dev));
     MLA_CHECK_ARG(heads >= 1 && heads <= absorbed::kMaxHeads,
                   "q: num_heads = {} (supported: 1 to {})", heads, absorbed::kMaxHeads);
-    // The kernel depends on neither q_len nor the page (tests/unit/cuda_absorbed_choose_test.cc),
+    // The kernel entry depends on the cache dtype alone (tests/unit/cuda_absorbed_choose_test.cc),
     // so a captured graph replays the same kernel after any re-plan; the tile rows and the key
-    // load path that do depend on them are the plan's (plan() wrote the chooser's into its
-    // header).
-    MLA_ASSIGN_OR_RETURN(const absorbed::KernelChoice choice,
-                         absorbed::choose_kernel(static_cast<int>(heads), 1, 1, a.kv_cache.dtype));
-    MLA_RETURN_IF_ERROR(expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, 576}, dev));
+    // load path are the plan's (build_plan wrote the chooser's into its header). No choice here.
+    MLA_CHECK_CODE(StatusCode::kUnsupported,
+                   a.kv_cache.dtype == DType::kBF16 || a.kv_cache.dtype == DType::kFP8E4M3,
+                   "cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
+                   dtype_name(a.kv_cache.dtype));
+    MLA_RETURN_IF_ERROR(
+        expect_tensor(a.kv_cache, "kv_cache", a.kv_cache.dtype, {-1, kLatentDim}, dev));
     MLA_ASSIGN_OR_RETURN(const PageTable table, absorbed_page_table(a, dev));
-    MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {tokens, heads, 512}, dev));
+    MLA_RETURN_IF_ERROR(expect_tensor(a.o, "o", DType::kBF16, {tokens, heads, kKvLoraRank}, dev));
     MLA_RETURN_IF_ERROR(expect_tensor(a.lse, "lse", DType::kF32, {tokens, heads}, dev));
     MLA_CHECK_ARG(a.plan != nullptr, "plan: null (upload plan() output first)");
     const int ctas = grid_ctas();
@@ -111,7 +112,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
                   "the kernel's logit scale sm_scale * k_scale * log2(e) * 2^120 is a float)",
                   a.sm_scale * a.k_scale);
     p.o_scale = fp8 ? a.k_scale : 1.f;
-    p.kernel = static_cast<int32_t>(choice.kernel);
+    p.kernel = static_cast<int32_t>(absorbed::kernel_for_cache(a.kv_cache.dtype));
     p.num_heads = static_cast<int32_t>(heads);
     {  // used when the plan says TMA (choose_kernel: pages of 64 and more)
       // bf16: boxes of 64 key rows x 64 columns in the 128-byte swizzle (the wgmma layout);
@@ -120,7 +121,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
       t.base = a.kv_cache.data;
       t.elem_bytes = fp8 ? 1 : 2;
       t.rows = a.kv_cache.shape[0];
-      t.cols = 576;
+      t.cols = kLatentDim;
       t.row_stride_elems = a.kv_cache.stride[0];
       t.box_rows = absorbed::kTmaBoxRows;
       t.box_cols = 64;

@@ -527,13 +527,6 @@ int64_t partials_in_workspace(std::size_t bytes) {
   return n;
 }
 
-int rows_per_tile(int num_heads, int max_q_len) {
-  const int64_t rows = int64_t{num_heads} * std::max(max_q_len, 1);
-  if (rows <= 16) return 16;
-  if (rows <= 32) return 32;
-  return kMaxRows;
-}
-
 StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& cap, int num_ctas,
                                  std::span<std::byte> host_plan) {
   const int bs = static_cast<int>(p.req_rows.size());
@@ -541,18 +534,10 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   // (num_ctas = INT32_MAX overflowed it: found by the absorbed_plan fuzz target).
   MLA_CHECK_ARG(num_ctas > 0 && num_ctas <= (1 << 20), "num_ctas = {} must be in 1..{}", num_ctas,
                 1 << 20);
+  // The shared rule (ops.h: sizes, batch, heads vs capacity, page size), then the op's heads.
+  MLA_RETURN_IF_ERROR(check_absorbed_shape(p, cap));
   MLA_CHECK_ARG(supported_head_count(p.num_heads), "num_heads = {} (supported: 1 to {})",
                 p.num_heads, kMaxHeads);
-  MLA_CHECK_ARG(cap.num_heads == 0 || cap.num_heads == p.num_heads,
-                "num_heads = {} differs from the capacity's num_heads = {}", p.num_heads,
-                cap.num_heads);
-  MLA_CHECK_ARG(is_supported_page_size(p.page_size),
-                "page_size = {} (supported: 1, 16, 32, 64, 128)", p.page_size);
-  MLA_CHECK_ARG(p.q_lens.size() == p.req_rows.size() && p.kv_lens.size() == p.req_rows.size(),
-                "req_rows / q_lens / kv_lens sizes differ: {} / {} / {}", p.req_rows.size(),
-                p.q_lens.size(), p.kv_lens.size());
-  MLA_CHECK_ARG(bs <= cap.max_batch, "batch size {} exceeds capacity max_batch = {}", bs,
-                cap.max_batch);
   const PlanLayout layout = plan_layout(cap, num_ctas);
   MLA_CHECK_ARG(host_plan.size() >= layout.bytes, "host_plan holds {} bytes, the plan needs {}",
                 host_plan.size(), layout.bytes);
@@ -562,11 +547,12 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
   const int32_t* const req_rows = p.req_rows.data();
   const bool causal = p.causal;
 
-  // 1. Branch-free passes the compiler vectorizes: the checks, the longest q_len, the query
-  // tokens, and the cost of every request as one item (its key tiles + kUnitCost), what the cut
-  // uses unless a request splits into row tiles cut separately. Sums in unsigned arithmetic
-  // are exact once the checks pass (every length >= 0); a malformed request sends us to the
-  // per-request checks, in their order, for the message.
+  // 1. Branch-free passes the compiler vectorizes: the request checks, the longest q_len, the
+  // query tokens, and the cost of every request as one item (its key tiles + kUnitCost), what
+  // the cut uses unless a request splits into row tiles cut separately. Sums in unsigned
+  // arithmetic are exact once the checks pass (every length >= 0); a malformed request sends us
+  // to the shared per-request checks (check_absorbed_requests, ops.h), in their order, for the
+  // message.
   uint32_t sign_bits = 0;
   int32_t max_q = 0;
   for (int b = 0; b < bs; ++b) {
@@ -587,19 +573,13 @@ StatusOr<std::size_t> build_plan(const AbsorbedProblem& p, const AttnCapacity& c
     with_rows += static_cast<uint32_t>(ql != 0);
   }
   // Causal kv_len < q_len is allowed: its first q_len - kv_len queries see no key (tile_extent).
-  const bool bad = (sign_bits >> 31) != 0;
   const int64_t q_tokens = static_cast<int64_t>(q_sum);
   const int64_t request_cost = static_cast<int64_t>(cost_sum);
+  const bool bad = (sign_bits >> 31) != 0 || max_q > cap.max_q_len || q_tokens > cap.max_q_tokens;
   if (bad) [[unlikely]] {
-    for (int b = 0; b < bs; ++b) {
-      const int32_t ql = q_lens[b], kl = kv_lens[b];
-      MLA_CHECK_ARG(ql >= 0 && kl >= 0, "q_lens[{}] = {}, kv_lens[{}] = {} must be >= 0", b, ql, b,
-                    kl);
-      MLA_CHECK_ARG(req_rows[b] >= 0, "req_rows[{}] = {} must be >= 0", b, req_rows[b]);
-    }
+    MLA_RETURN_IF_ERROR(check_absorbed_requests(p, cap));
+    return internal_error("absorbed plan: the fast pass refused a batch the request checks pass");
   }
-  MLA_CHECK_ARG(q_tokens <= cap.max_q_tokens, "sum(q_lens) = {} exceeds capacity max_q_tokens = {}",
-                q_tokens, cap.max_q_tokens);
 
   const int heads = p.num_heads;
   const int heads_log2 = std::has_single_bit(static_cast<unsigned>(heads))

@@ -58,11 +58,9 @@ std::size_t partial_workspace_bytes(const AttnCapacity& cap, int num_ctas);
 // Partial slots a workspace of `bytes` holds (the inverse of partial_workspace_bytes).
 int64_t partials_in_workspace(std::size_t bytes);
 
-// Rows per tile for a batch: smallest of 16 / 32 / 64 holding heads x longest q_len
-// (batch-invariant plans: kMaxRows).
-int rows_per_tile(int num_heads, int max_q_len);
-
 // Writes the plan into host_plan (at least plan_layout(cap, num_ctas).bytes); returns bytes used.
+// Asks the chooser (choose.h) once, for the tile rows and the key load path it writes into the
+// header; the op's plan() is this call alone, so the chooser runs once per plan.
 StatusOr<std::size_t> build_plan(const AbsorbedProblem& problem, const AttnCapacity& cap,
                                  int num_ctas, std::span<std::byte> host_plan);
 

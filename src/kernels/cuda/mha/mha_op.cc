@@ -12,6 +12,7 @@
 #include "kernels/cuda/mha/view_checks.h"
 #include "kernels/cuda/ops_factory.h"
 #include "kernels/cuda/sm90/tensor_map.h"
+#include "mla/model.h"
 
 namespace mla::cuda {
 namespace {
@@ -53,10 +54,10 @@ class CudaMhaOp final : public MhaAttentionOp {
     const int64_t tq = a.q.ndim == 3 ? a.q.shape[0] : -1;
     const int64_t h = a.q.ndim == 3 ? a.q.shape[1] : -1;
     const int64_t tk = a.k.ndim == 3 ? a.k.shape[0] : -1;
-    MLA_RETURN_IF_ERROR(expect_strided(a.q, "q", DType::kBF16, {tq, h, 192}, dev, 16));
-    MLA_RETURN_IF_ERROR(expect_strided(a.k, "k", DType::kBF16, {tk, h, 192}, dev, 16));
-    MLA_RETURN_IF_ERROR(expect_strided(a.v, "v", DType::kBF16, {tk, h, 128}, dev, 16));
-    MLA_RETURN_IF_ERROR(expect_strided(a.o, "o", DType::kBF16, {tq, h, 128}, dev, 4));
+    MLA_RETURN_IF_ERROR(expect_strided(a.q, "q", DType::kBF16, {tq, h, kQkHeadDim}, dev, 16));
+    MLA_RETURN_IF_ERROR(expect_strided(a.k, "k", DType::kBF16, {tk, h, kQkHeadDim}, dev, 16));
+    MLA_RETURN_IF_ERROR(expect_strided(a.v, "v", DType::kBF16, {tk, h, kVHeadDim}, dev, 16));
+    MLA_RETURN_IF_ERROR(expect_strided(a.o, "o", DType::kBF16, {tq, h, kVHeadDim}, dev, 4));
     if (!a.lse.empty()) {
       MLA_RETURN_IF_ERROR(expect_tensor(a.lse, "lse", DType::kF32, {tq, h}, dev, false));
       MLA_CHECK_ARG(a.lse.stride[1] == 1, "lse: heads must be contiguous, got {}",
@@ -88,12 +89,12 @@ class CudaMhaOp final : public MhaAttentionOp {
     p.num_heads = static_cast<int>(h);
     p.scale_log2 = a.sm_scale * 1.4426950408889634f;
     p.merge_into_output = a.merge_into_output ? 1 : 0;
-    MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.q, 192, p.q_tmap),
+    MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.q, kQkHeadDim, p.q_tmap),
                    "cuda mha: the driver rejected a TMA tensor map of q ({})", a.q.describe());
     if (tk > 0) {
-      MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.k, 192, p.k_tmap),
+      MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.k, kQkHeadDim, p.k_tmap),
                      "cuda mha: the driver rejected a TMA tensor map of k ({})", a.k.describe());
-      MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.v, 128, p.v_tmap),
+      MLA_CHECK_CODE(StatusCode::kCudaError, encode_tmap(a.v, kVHeadDim, p.v_tmap),
                      "cuda mha: the driver rejected a TMA tensor map of v ({})", a.v.describe());
     }
     const int grid = sm_count(dev.index);
