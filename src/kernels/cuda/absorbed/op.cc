@@ -129,10 +129,6 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
       t.l2_promotion_bytes = kTmaL2PromotionBytes;
       p.kv_tmap_valid = sm90::cached_tensor_map_2d(t, p.kv_tmap) ? 1 : 0;
     }
-    // bf16: clusters of two CTAs, which share key tiles where the plan pairs them (128 heads
-    // over TMA pages; sm90_ws.cuh). Asked for whatever the plan, so a captured graph stays valid
-    // after any re-plan; the launcher drops it where the device cannot run every pair at once.
-    p.cluster_pairs = fp8 ? 0 : 1;
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     const absorbed::LaunchResult r = absorbed::launch_absorbed(p, ctas, stream);
     if (r.error != cudaSuccess) return cuda_status(r.error, r.what, __FILE__, __LINE__);

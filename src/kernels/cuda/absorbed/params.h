@@ -89,9 +89,6 @@ struct AbsorbedParams {
   // and kv_tmap_valid (the driver encoded it); otherwise its loads are cp.async gathers.
   alignas(64) unsigned char kv_tmap[128];
   int32_t kv_tmap_valid;
-  // 1: the attention kernel is launched in clusters of two CTAs (launcher.cu), which share their
-  // key tiles when the plan gives them the same key schedule (sm90_ws.cuh, pair_of).
-  int32_t cluster_pairs;
 };
 
 }  // namespace mla::cuda::absorbed

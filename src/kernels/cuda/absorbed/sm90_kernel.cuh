@@ -27,9 +27,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     absorbed_attention_sm90_kernel(const __grid_constant__ AbsorbedParams p) {
   extern __shared__ __align__(1024) unsigned char sm90_smem[];
   const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
-  const wg::ws::Pair pr = wg::ws::pair_of(p, h);
-  if (pr.cta >= h.num_ctas) return;  // (never paired: a paired plan's grid is the launch's)
-  wg::tile64_ws<kFp8>(p, h, pr, align_1024(sm90_smem));
+  if (static_cast<int>(blockIdx.x) >= h.num_ctas) return;
+  wg::tile64_ws<kFp8>(p, align_1024(sm90_smem));
 }
 
 }  // namespace mla::cuda::absorbed

@@ -22,10 +22,6 @@
 //     warpgroup 1 converts tile t + 1 to bf16 in place (rows past kv_end as zeros) while its
 //     P V of tile t runs on the tensor cores (between the wgmma commit and its wait),
 //     completing on the mbarrier conv[s] that warpgroup 0 waits on.
-//   Paired CTAs (128 heads, TMA: a cluster of two CTAs holding a request's two row tiles; see
-//     Pair below): each CTA issues the TMA boxes of half the column blocks into both CTAs
-//     (multicast), after its own stage-free barrier and after the peer's arrival on
-//     peer_free[s] (the peer's stage s is free too); both CTAs' `full` expect the whole tile.
 // Q is loaded by warpgroup 0 alone (only it reads Q); the next unit's Q is issued as soon as the
 // last S of a unit is done. The loads run over the CTA's tiles across unit boundaries.
 //
@@ -55,61 +51,12 @@ inline constexpr int kKvOff = kTileBytes;
 inline constexpr int kPOff = kKvOff + 2 * kTileBytes;  // bf16 [64 rows][64 keys], swizzled
 inline constexpr int kAlphaOff = kPOff + kBlockBytes;  // float [64]: rescale factors of tile t
 inline constexpr int kInvOff = kAlphaOff + 64 * 4;     // float [2][64]: 1 / row sum per unit
-// mbarriers full[2], p_ready, sums_ready, sums_free, conv[2] (fp8: tile converted), p_free,
-// peer_free[2] (paired CTAs: the peer's stage s is free for this CTA's half of a tile)
+// mbarriers full[2], p_ready, sums_ready, sums_free, conv[2] (fp8: tile converted), p_free
 inline constexpr int kBarOff = kInvOff + 2 * 64 * 4;
-inline constexpr int kSmemBytes = kBarOff + 10 * 8 + 1024;  // + alignment slack
+inline constexpr int kSmemBytes = kBarOff + 8 * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared memory of one Hopper SM");
 
 enum Barrier : int { kStageFree = 3 /* + stage */, kWg0 = 5, kWg1 = 6 };
-
-// Paired CTAs (a clustered launch, AbsorbedParams::cluster_pairs): the cluster of two CTAs runs
-// the plan's CTAs c and c + grid / 2, i.e. the c-th CTA of each of plan.cc's two groups, which
-// follow the same key schedule when a request's two row tiles see the same keys (decode with
-// 65-128 rows per request). Each CTA then loads half of every key tile's column blocks into
-// both CTAs by TMA multicast, so a key leaves L2 once per request instead of once per row tile.
-static_assert(kTmaBoxRows == kBlockN, "paired loads: one TMA box per column block, thread 0");
-struct Pair {
-  int cta;        // the plan's CTA this block runs
-  uint32_t rank;  // rank in the cluster (0 when not clustered)
-  bool on;        // the two CTAs share their key tiles
-};
-
-// Whether plan CTAs a and b load the same key tiles in the same order: the same number of
-// units, each of the same page-table row and key range. Symmetric, so both CTAs of a cluster
-// reach the same answer.
-__device__ __forceinline__ bool same_key_schedule(const WorkUnit* units, const int32_t* cta_begin,
-                                                  int a, int b) {
-  const int a0 = cta_begin[a], n = cta_begin[a + 1] - a0, b0 = cta_begin[b];
-  if (cta_begin[b + 1] - b0 != n) return false;
-  for (int i = 0; i < n; ++i) {
-    const WorkUnit& x = units[a0 + i];
-    const WorkUnit& y = units[b0 + i];
-    if (x.pool_row != y.pool_row || x.kv_begin != y.kv_begin || x.kv_end != y.kv_end) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// This block's plan CTA and whether it shares key tiles with its cluster peer (TMA plans whose
-// grid is the launch's; otherwise the cluster only renumbers the CTAs).
-__device__ __forceinline__ Pair pair_of(const AbsorbedParams& p, const PlanHeader& h) {
-  if (p.cluster_pairs == 0) return Pair{static_cast<int>(blockIdx.x), 0, false};
-  const uint32_t rank = cluster_ctarank();
-  const int half = static_cast<int>(gridDim.x / 2);
-  const int cid = static_cast<int>(cluster_id_x());
-  Pair r{static_cast<int>(rank) * half + cid, rank, false};
-  if (h.tma_box_rows > 0 && p.kv_tmap_valid != 0 && h.num_ctas == static_cast<int>(gridDim.x)) {
-    const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
-    const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
-    r.on = same_key_schedule(units, cta_begin, cid, half + cid);
-  }
-  // Broadcast from lane 0, so the compiler sees warp-uniform branches on r.on (a wgmma in a path
-  // it cannot prove uniform is serialised: ptxas C7518).
-  r.on = __shfl_sync(0xffffffffu, r.on ? 1 : 0, 0) != 0;
-  return r;
-}
 
 // The producer's position: the next key tile of this CTA to load (tiles of its units in order,
 // units without keys skipped).
@@ -174,12 +121,10 @@ inline constexpr int kFp8RawOff = kBlockBytes / 2;
 
 // Loads the cursor's tile into the stage at k_tile, completing on the mbarrier `full`.
 // bf16: the swizzled wgmma layout; fp8: raw rows as above (convert_fp8_tile makes them bf16).
-// Paired (pr.on, TMA only): this CTA's half of the column blocks (b % 2 == rank) into both
-// CTAs; each CTA's `full` still expects the whole tile.
 template <bool kFp8>
 __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor& c, int box_rows,
                                            int tw, const int32_t (&sl)[4], uint32_t k_tile,
-                                           uint32_t full, const Pair& pr) {
+                                           uint32_t full) {
   const int key0 = c.kv_begin + c.t * kBlockN;
   constexpr int kRowBytesPerBlock = kFp8 ? 64 : 128;  // bytes of one key row in a column block
   if (box_rows > 0) {
@@ -189,15 +134,6 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
     if (tw < boxes) {
       // A box whose slot lies outside the cache reads as zeros (and still counts its bytes).
       const uint32_t dst = k_tile + (kFp8 ? kFp8RawOff : 0) + tw * box_bytes;
-      if (!kFp8 && pr.on) {
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-          if ((b & 1) == static_cast<int>(pr.rank)) {
-            tma_load_2d_multicast(dst + b * kBlockBytes, p.kv_tmap, 64 * b, sl[0], full, 0x3);
-          }
-        }
-        return;
-      }
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
         tma_load_2d(dst + b * kBlockBytes, p.kv_tmap, 64 * b, sl[0], full);
@@ -232,27 +168,6 @@ __device__ __forceinline__ void issue_tile(const AbsorbedParams& p, const Cursor
     }
   }
   mbar_arrive_cp_async(full);
-}
-
-// fp8: the cursor's tile into L2 (a hint, no shared memory), from the slots sl of its rows as
-// resolve_slots gives them: TMA pages (box_rows > 0) by thread 0, one box per column block;
-// gathers by the first thread of each row (tw % 8 == 0), a 576-byte bulk prefetch per row.
-// Issued a tile ahead of the tile's load, so that load reads L2 instead of device memory: with
-// two stages the fp8 kernel otherwise has one tile (36 KB) in flight per SM.
-__device__ __forceinline__ void prefetch_fp8_tile(const AbsorbedParams& p, int box_rows, int tw,
-                                                  const int32_t (&sl)[4]) {
-  if (box_rows > 0) {
-    if (tw == 0 && sl[0] >= 0) {
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) tma_prefetch_2d(p.kv_tmap, 64 * b, sl[0]);
-    }
-    return;
-  }
-  if ((tw & 7) != 0) return;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (sl[j] >= 0) bulk_prefetch_l2(p.kv_cache_fp8 + static_cast<int64_t>(sl[j]) * kDimQk, kDimQk);
-  }
 }
 
 // fp8: once the raw tile of cursor c has landed in `stage` (mbarrier full, phase parity), the
@@ -311,9 +226,9 @@ __device__ __forceinline__ void convert_fp8_tile(unsigned char* stage, const Cur
 // warpgroup's P V of the current tile; warpgroup 0 waits on conv[s] instead of full[s].
 // k_scale is in p.scale_log2 (logits, with the conversion's 2^120) and p.o_scale (output).
 template <bool kFp8>
-__device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHeader& h,
-                                          const ws::Pair& pr, unsigned char* smem) {
+__device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, unsigned char* smem) {
   using namespace ws;
+  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so the compiler sees a warp-uniform role: a wgmma in a path it
   // cannot prove uniform is serialised (ptxas C7518).
@@ -326,7 +241,6 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHea
   const uint32_t p_ready = full0 + 16, sums_ready = full0 + 24, sums_free = full0 + 32;
   const uint32_t conv0 = full0 + 40;  // fp8: conv[s] at conv0 + 8 s
   const uint32_t p_free = full0 + 56;
-  const uint32_t peer_free0 = full0 + 64;  // paired: peer_free[s] at peer_free0 + 8 s
   float* alpha_s = reinterpret_cast<float*>(smem + kAlphaOff);
   float* inv_s = reinterpret_cast<float*>(smem + kInvOff);
   const uint64_t desc_k0 = desc_k_sw128(0), desc_mn0 = desc_mn_sw128(0, kBlockBytes);
@@ -335,7 +249,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHea
 
   const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
   const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
-  const int u_begin = cta_begin[pr.cta], u_end = cta_begin[pr.cta + 1];
+  const int u_begin = cta_begin[blockIdx.x], u_end = cta_begin[blockIdx.x + 1];
 
   if (tid == 0) {
     mbar_init(full0, tma ? 1 : 128);
@@ -344,19 +258,13 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHea
     mbar_init(sums_ready, 128);
     mbar_init(sums_free, 128);
     mbar_init(p_free, 128);
-    mbar_init(peer_free0, 1);
-    mbar_init(peer_free0 + 8, 1);
     if constexpr (kFp8) {
       mbar_init(conv0, 128);
       mbar_init(conv0 + 8, 128);
     }
     fence_mbarrier_init();
   }
-  if (pr.on) {
-    cluster_sync();  // the peer's barriers exist before this CTA's loads signal them
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   // Producer prologue: tiles 0 and 1 of the CTA; then tile 2 (cur) is the next to load and the
   // page-table entries of tiles 2 (el) and 3 (en, cursor nx) are in flight. In the loop, loading
@@ -382,7 +290,7 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHea
     for (int i = 0; i < 2 && cur.valid(); ++i) {
       fetch_entries(st, cur, box_rows, tw, el);
       resolve_slots(st, cur, box_rows, tw, el, sl);
-      issue_tile<kFp8>(p, cur, box_rows, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i, pr);
+      issue_tile<kFp8>(p, cur, box_rows, tw, sl, kv_s + i * kTileBytes, full0 + 8 * i);
       cursor_next(units, cur);
     }
     fetch_entries(st, cur, box_rows, tw, el);
@@ -546,29 +454,14 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHea
         fence_regs(o);
         mbar_arrive(p_free);            // P and the factors of tile g are read
         bar_sync(kStageFree + s, 256);  // warpgroup 0 is done with stage s: load tile g + 2
-        if constexpr (!kFp8) {
-          // Paired: the peer may load into stage s; once it says the same, so may this CTA (it
-          // consumes the same tiles, so the wait always ends). Unpaired, this CTA tells itself.
-          // Unconditional: a wait on a path ptxas cannot prove uniform serialises every wgmma
-          // of the kernel (C7518).
-          if (tw == 0) mbar_arrive_remote(peer_free0 + 8 * s, pr.on ? pr.rank ^ 1u : pr.rank);
-          mbar_wait_cluster(peer_free0 + 8 * s, parity);
-        }
         if (cur.valid()) {
           if constexpr (kFp8) resolve_slots(st, cur, box_rows, tw, el, sl);
-          issue_tile<kFp8>(p, cur, box_rows, tw, sl, k_tile, full, pr);
+          issue_tile<kFp8>(p, cur, box_rows, tw, sl, k_tile, full);
           cur = nx;
 #pragma unroll
           for (int j = 0; j < 4; ++j) el[j] = en[j];
           if (nx.valid()) cursor_next(units, nx);
           fetch_entries(st, nx, box_rows, tw, en);
-          if constexpr (kFp8) {  // tile g + 3 into L2 (its entries were loaded a tile ago)
-            if (cur.valid()) {
-              int32_t pf[4] = {-1, -1, -1, -1};
-              resolve_slots(st, cur, box_rows, tw, el, pf);
-              prefetch_fp8_tile(p, box_rows, tw, pf);
-            }
-          }
         }
       }
     }
@@ -608,7 +501,6 @@ __device__ __forceinline__ void tile64_ws(const AbsorbedParams& p, const PlanHea
     write_o(p, u, o, inv, lse, r_lo, wgi * 256 + 2 * (lane & 3), wgi == 0 && (lane & 3) == 0);
   }
   if (wgi == 0) cp_async_wait<0>();
-  if (pr.on) cluster_sync();  // no peer signal or copy reaches this CTA after it exits
 }
 
 }  // namespace mla::cuda::absorbed::wg

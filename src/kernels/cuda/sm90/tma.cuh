@@ -75,59 +75,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (done == 0);
 }
 
-// Clusters (thread block clusters, sm_90): this CTA's rank in its cluster and the cluster's
-// index in the grid (x).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_id_x() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-  return r;
-}
-
-// Every thread of every CTA of the cluster (release / acquire at cluster scope): e.g. after
-// barrier initialisation, before a peer CTA signals or copies into this CTA's shared memory,
-// and before exit, so no peer operation reaches a CTA that has finished.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
-}
-
-// One arrival on the barrier at the CTA-relative offset `bar` of the cluster's CTA of rank
-// `cta` (release at cluster scope: this thread's earlier shared-memory accesses, and those it
-// observed through barriers, happen before the waiter's later ones).
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-}
-
-// mbar_wait for a barrier that peer CTAs arrive on (acquire at cluster scope).
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -167,32 +114,6 @@ __device__ __forceinline__ void tma_prefetch_3d(const void* tmap, int32_t c0, in
                    reinterpret_cast<uint64_t>(tmap)),
                "r"(c0), "r"(c1), "r"(c2)
                : "memory");
-}
-
-// TMA multicast: the box at (c0, c1) of `tmap` into shared memory at the CTA-relative offset
-// `dst` of every CTA of the cluster in `cta_mask` (bit r: rank r), completing the barrier at
-// the CTA-relative offset `bar` of each of them by the box's bytes. One L2 read serves them all.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, int32_t c0,
-                                                      int32_t c1, uint32_t bar, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-
-// TMA prefetch: the box at (c0, c1) of the 2-D tensor map `tmap` into L2 (a hint).
-__device__ __forceinline__ void tma_prefetch_2d(const void* tmap, int32_t c0, int32_t c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1)
-               : "memory");
-}
-
-// Bulk prefetch: `bytes` (a multiple of 16) of global memory from `src` (16-byte aligned) into
-// L2 (a hint).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
