@@ -124,6 +124,57 @@ TEST(AbsorbedPlan, RandomBatchesCoverEveryRowAndKeyOnce) {
   }
 }
 
+// Grouped decode plans (65-128 heads): the k-th CTA of each group (CTAs k and k + num_ctas / 2)
+// loads the same key tiles in the same order, so the second read of each key hits L2 (plan.cc)
+// and a cluster of the two CTAs can share the tiles outright (the paired kernel of merge
+// 2a6abcf checks exactly this per CTA). The fraction of CTA pairs with the same unit list
+// (page-table row and key range of each unit).
+double paired_fraction(const std::vector<std::byte>& plan, int ctas) {
+  PlanHeader h;
+  std::memcpy(&h, plan.data(), sizeof(h));
+  const auto begin = plan_array<int32_t>(plan, h.cta_begin_offset, ctas + 1);
+  const auto units = plan_array<WorkUnit>(plan, h.units_offset, h.num_units);
+  const int half = ctas / 2;
+  int same = 0;
+  for (int k = 0; k < half; ++k) {
+    const int a = begin[k], n = begin[k + 1] - a, b = begin[half + k];
+    bool eq = begin[half + k + 1] - b == n;
+    for (int i = 0; eq && i < n; ++i) {
+      eq = units[a + i].pool_row == units[b + i].pool_row &&
+           units[a + i].kv_begin == units[b + i].kv_begin &&
+           units[a + i].kv_end == units[b + i].kv_end;
+    }
+    same += eq ? 1 : 0;
+  }
+  return half > 0 ? static_cast<double>(same) / half : 0.0;
+}
+
+TEST(AbsorbedPlan, DecodeOfTwoRowTilesPairsEveryCtaWithItsGroupTwin) {
+  Rng rng(mix_seed(base_seed(), 47));
+  for (int heads : {128, 96, 65}) {
+    for (int ctas : {132, 114, 8}) {
+      for (int shape = 0; shape < 4; ++shape) {
+        // equal lengths (whole placement), more requests than CTAs, variable lengths (the
+        // dealt or cut plans), and a few long requests (split pieces and combines)
+        const int bs = shape == 0 ? 64 : shape == 3 ? 3 : 200;
+        std::vector<int32_t> rows, q(static_cast<std::size_t>(bs), 1), kv;
+        for (int b = 0; b < bs; ++b) {
+          rows.push_back(b + 1);
+          kv.push_back(shape <= 1   ? 4096
+                       : shape == 2 ? static_cast<int32_t>(rng.uniform_int(1, 9000))
+                                    : 60000);
+        }
+        AttnCapacity cap{bs, bs, 0, 1, heads};
+        AbsorbedProblem p{heads, 64, true, rows, q, kv};
+        std::vector<std::byte> plan(cuda::absorbed::plan_layout(cap, ctas).bytes);
+        ASSERT_TRUE(cuda::absorbed::build_plan(p, cap, ctas, plan).ok());
+        EXPECT_EQ(paired_fraction(plan, ctas), 1.0)
+            << "heads " << heads << " ctas " << ctas << " shape " << shape;
+      }
+    }
+  }
+}
+
 // Variable lengths: no CTA gets much more than an equal share of the key tiles.
 TEST(AbsorbedPlan, VariableLengthsStayBalanced) {
   Rng rng(mix_seed(base_seed(), 43));
