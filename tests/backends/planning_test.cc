@@ -143,6 +143,17 @@ ForwardBatch extend_batch(ForwardMode mode, std::vector<int32_t> prefix, std::ve
   return b;
 }
 
+// Two decode requests of 5 and 9 keys.
+ForwardBatch decode_batch() {
+  ForwardBatch b;
+  b.mode = ForwardMode::kDecode;
+  b.batch_size = 2;
+  b.req_pool_indices = {1, 2};
+  b.seq_lens = {5, 9};
+  finalize_batch(b);
+  return b;
+}
+
 TEST(FallbackRule, FourRowTruthTableForExtends) {
   const ForwardBatch with_prefix = extend_batch(ForwardMode::kExtend, {0, 8}, {4, 4});
   const ForwardBatch no_prefix = extend_batch(ForwardMode::kExtend, {0, 0}, {4, 4});
@@ -176,12 +187,7 @@ TEST(FallbackRule, DecodeVerifyAndDraftExtendNeverFallBack) {
   BackendOptions o;
   o.disable_chunked_prefix_cache = true;
   o.piecewise_cuda_graph = true;
-  ForwardBatch decode;
-  decode.mode = ForwardMode::kDecode;
-  decode.batch_size = 2;
-  decode.req_pool_indices = {1, 2};
-  decode.seq_lens = {5, 9};
-  finalize_batch(decode);
+  ForwardBatch decode = decode_batch();
   ForwardBatch verify = decode;
   verify.mode = ForwardMode::kTargetVerify;
   verify.num_draft_tokens = 2;
@@ -203,12 +209,7 @@ TEST(FallbackRule, DecodeVerifyAndDraftExtendNeverFallBack) {
 // decide_batch_method (chunked_mla's init_forward_metadata asks the fallback rule once) gives
 // what the rule and the chooser give separately, for every mode, rule and option combination.
 TEST(FallbackRule, DecideBatchMethodAgreesWithTheRuleAndTheChooser) {
-  ForwardBatch decode;
-  decode.mode = ForwardMode::kDecode;
-  decode.batch_size = 2;
-  decode.req_pool_indices = {1, 2};
-  decode.seq_lens = {5, 9};
-  finalize_batch(decode);
+  const ForwardBatch decode = decode_batch();
   const ForwardBatch batches[] = {
       decode,
       extend_batch(ForwardMode::kExtend, {0, 8}, {4, 4}),

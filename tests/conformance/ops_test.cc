@@ -35,10 +35,11 @@ struct AbsorbedFixture {
   std::vector<std::byte> plan, workspace;
   AttnCapacity cap;
   int heads = 16;
+  bool causal = true;
 
   AbsorbedFixture(std::vector<int32_t> ql, std::vector<int32_t> kl, DType dt, float k_scale,
                   uint64_t seed = 5, bool causal = true)
-      : q_lens(std::move(ql)), kv_lens(std::move(kl)) {
+      : q_lens(std::move(ql)), kv_lens(std::move(kl)), causal(causal) {
     Rng rng(seed);
     layout = make_paged_layout(kv_lens, 16, true, rng);
     cache = make_latent_cache(layout, dt, k_scale, rng);
@@ -78,6 +79,20 @@ struct AbsorbedFixture {
     a.workspace_bytes = workspace.size();
     return a;
   }
+  // The float64 reference's problem for this fixture (bf16 cache; callers set the fp8 fields).
+  AbsorbedRefProblem ref_problem() const {
+    AbsorbedRefProblem rp;
+    rp.num_heads = heads;
+    rp.page_size = 16;
+    rp.causal = causal;
+    rp.sm_scale = 0.135234;
+    rp.row_stride = layout.max_context_len;
+    rp.req_to_token = layout.req_to_token;
+    rp.req_rows = layout.req_rows;
+    rp.q_lens = q_lens;
+    rp.kv_lens = kv_lens;
+    return rp;
+  }
 };
 
 std::vector<uint16_t> bits_of(const std::vector<bf16>& v) {
@@ -101,17 +116,9 @@ TEST(CpuAbsorbed, Fp8CacheAppliesKScale) {
   AbsorbedFixture f({1, 2}, {17, 33}, DType::kFP8E4M3, 0.02f);
   ASSERT_TRUE(cpu_ops().absorbed->run(f.args(0.02f), {}).ok());
   // Against the reference with the scale applied.
-  AbsorbedRefProblem rp;
-  rp.num_heads = f.heads;
-  rp.page_size = 16;
-  rp.sm_scale = 0.135234;
+  AbsorbedRefProblem rp = f.ref_problem();
   rp.cache_dtype = DType::kFP8E4M3;
   rp.k_scale = 0.02f;
-  rp.row_stride = f.layout.max_context_len;
-  rp.req_to_token = f.layout.req_to_token;
-  rp.req_rows = f.layout.req_rows;
-  rp.q_lens = f.q_lens;
-  rp.kv_lens = f.kv_lens;
   RefAttention ref = reference_absorbed(rp, to_float(f.q), f.cache.stored);
   double err2 = 0, ref2 = 0;
   for (std::size_t i = 0; i < ref.o.size(); ++i) {
@@ -138,15 +145,7 @@ TEST(CpuAbsorbed, Fp8CacheErrorAgainstTheBf16CacheIsBounded) {
   f.cache = quantize_to_fp8(f.cache, f.layout);
   const float k_scale = f.cache.k_scale;
   ASSERT_TRUE(cpu_ops().absorbed->run(f.args(k_scale), {}).ok());
-  AbsorbedRefProblem rp;
-  rp.num_heads = f.heads;
-  rp.page_size = 16;
-  rp.sm_scale = 0.135234;
-  rp.row_stride = f.layout.max_context_len;
-  rp.req_to_token = f.layout.req_to_token;
-  rp.req_rows = f.layout.req_rows;
-  rp.q_lens = f.q_lens;
-  rp.kv_lens = f.kv_lens;
+  AbsorbedRefProblem rp = f.ref_problem();
   const std::vector<float> qf = to_float(f.q);
   const RefAttention ref_bf16 = reference_absorbed(rp, qf, bf16_values);
   rp.cache_dtype = DType::kFP8E4M3;
