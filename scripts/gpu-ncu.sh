@@ -5,8 +5,8 @@
 # $OUT/ncu.csv, and the SASS lines with the most stall samples of each mla build
 # (scripts/ncu_top.py) into $OUT/ncu_top.txt.
 #   scripts/gpu-ncu.sh LABEL=DIR [LABEL=DIR ...]
-# DIR holds an `mla` built by scripts/gpu-build.sh; its kernel is profiled on `mla bench --quick
-# --pages 64`'s first shape, (128, 1, 128, 8192) at page 64 (the first launches warm up).
+# DIR holds an `mla` built by scripts/gpu-build.sh; its kernel is profiled on shapes of `mla bench
+# --quick --pages 64` (GPU_NCU_CASES below; default the first, (128, 1, 128, 8192), bf16).
 # GPU_ANCHORS_DIR=dir (built by scripts/gpu-anchors.sh build; waited for here) adds FlashMLA's
 # and FA3's kernels on the same shape (bench/anchors/one_shape.py, run in that folder: the
 # anchors' code stays out of the project).
@@ -30,21 +30,31 @@ if len(rows) >= 3:
 }
 : > "$OUT/ncu.csv"
 : > "$OUT/ncu_top.txt"
+# GPU_NCU_CASES: the launches profiled per build, "dtype:index" (default "bf16:0"), index into
+# `mla bench --quick --pages 64`'s decode grid (0: (128, 1, 128, 8192), 1: (128, 1, 16, 8192),
+# 2: (128, 1, 32, 8192), 3: (128, 1, 8, 8192), 4: (128, 2, 64, 4096)); each shape runs 3
+# warm-up and 3 timed launches, the third of them is profiled. Labels: LABEL_dtype_index.
 for spec in "$@"; do
-  label="${spec%%=*}"
-  dir="${spec#*=}"
-  rep="/tmp/ncu_$label"
-  timeout "${GPU_NCU_TIMEOUT:-150}" ncu --set detailed --import-source no --metrics "$metrics" \
-    --kernel-name regex:absorbed_attention_sm90 --launch-skip 2 --launch-count 1 -o "$rep" -f \
-    "$dir/mla" bench --device cuda --quick --pages 64 --ops decode --iters 3 \
-    > "$OUT/ncu_$label.log" 2>&1
-  echo "$label: ncu rc=$?" >> "$OUT/ncu_top.txt"
-  export_csv "$label" "$rep"
-  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.source.csv" 2>/dev/null
-  python3 "$root/scripts/ncu_top.py" "$rep.source.csv" 25 >> "$OUT/ncu_top.txt" 2>&1
+  for case in ${GPU_NCU_CASES:-bf16:0}; do
+    dtype="${case%%:*}"
+    index="${case#*:}"
+    label="${spec%%=*}_${dtype}_${index}"
+    dir="${spec#*=}"
+    rep="/tmp/ncu_$label"
+    timeout "${GPU_NCU_TIMEOUT:-150}" ncu --set detailed --import-source no --metrics "$metrics" \
+      --kernel-name regex:absorbed_attention_sm90 --launch-skip $((6 * index + 2)) \
+      --launch-count 1 -o "$rep" -f "$dir/mla" bench --device cuda --quick --pages 64 \
+      --ops decode --iters 3 --cache-dtype "$dtype" > "$OUT/ncu_$label.log" 2>&1
+    echo "$label: ncu rc=$?" >> "$OUT/ncu_top.txt"
+    export_csv "$label" "$rep"
+    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.source.csv" 2>/dev/null
+    python3 "$root/scripts/ncu_top.py" "$rep.source.csv" 25 >> "$OUT/ncu_top.txt" 2>&1
+  done
 done
 if [ -n "${GPU_ANCHORS_DIR:-}" ]; then
-  "$root/scripts/gpu-anchors.sh" wait > /dev/null 2>&1
+  # A machine that has not built the anchors yet (a fresh one) builds them now.
+  [ -f /tmp/mla-anchor-build.log ] || "$root/scripts/gpu-anchors.sh" build "$GPU_ANCHORS_DIR"
+  timeout "${GPU_NCU_ANCHOR_WAIT:-300}" "$root/scripts/gpu-anchors.sh" wait > /dev/null 2>&1
   for impl in flashmla fa3; do
     rep="/tmp/ncu_$impl"
     (cd "$GPU_ANCHORS_DIR" && ANCHOR_BUILD=/tmp/mla-anchor-build FA3_BUILD=/tmp/mla-fa3-build \
