@@ -24,14 +24,16 @@ BackendBase::BackendBase(std::string name, const BackendContext& ctx, const OpSe
       mha_chunk_plan_(name_ + ".mha_chunk_plan", name_, ctx.options.device),
       indices_(name_ + ".out_cache_loc", name_, ctx.options.device),
       mha_chunk_kv_(name_ + ".mha_chunk_kv", name_, ctx.options.device),
+      mha_new_kv_(name_ + ".mha_new_kv", name_, ctx.options.device),
       lse_(name_ + ".lse", name_, ctx.options.device) {
   // Every planning decision sees the capacity the budget allows (SYSTEM.md 6, issue 14).
   options_.chunked_prefix_capacity = std::max<int64_t>(chunk_capacity(ctx.options, ops), 1);
 }
 
-// The carves of mha_chunk_kv, in order: the one function behind its size (chunk_rows_bytes, the
-// fixed part in plan_mha_chunks) and its layout (layout_chunk_scratch).
-void BackendBase::carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s) {
+// The carves of mha_chunk_kv (and of mha_new_kv, without slots), in order: the one function
+// behind their size (chunk_rows_bytes, the fixed part in plan_mha_chunks) and their layout
+// (layout_kv_rows).
+void BackendBase::carve_kv_rows(WorkspaceCarver& c, const ChunkCarves& n, KvRows* s) {
   const auto H = static_cast<std::size_t>(n.num_heads);
   const auto rows = static_cast<std::size_t>(n.kv_rows);
   s->slots = c.carve_as<int32_t>("slots", static_cast<std::size_t>(n.num_slots));
@@ -43,8 +45,8 @@ void BackendBase::carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, 
 
 std::size_t BackendBase::chunk_carves_bytes(const ChunkCarves& n) {
   WorkspaceCarver measure("mha_chunk_kv");
-  ChunkScratch unused;
-  carve_chunk_scratch(measure, n, &unused);
+  KvRows unused;
+  carve_kv_rows(measure, n, &unused);
   return measure.aligned_bytes();
 }
 
@@ -219,14 +221,14 @@ StatusOr<BatchPlan::OpScratch> BackendBase::layout_op_scratch(std::size_t op_byt
   return scratch;
 }
 
-Status BackendBase::layout_chunk_scratch(int64_t num_slots, int64_t kv_rows) {
+Status BackendBase::layout_kv_rows(GrowableBuffer& buffer, int64_t num_slots, int64_t kv_rows,
+                                   KvRows* rows) {
   ChunkCarves n;
   n.num_heads = options_.model.num_heads;
   n.num_slots = num_slots;
   n.kv_rows = kv_rows;
   n.up_bytes = ops_->up_project ? ops_->up_project->workspace_bytes(kv_rows, n.num_heads) : 0;
-  return carve_buffer(mha_chunk_kv_,
-                      [&](WorkspaceCarver& c) { carve_chunk_scratch(c, n, &plan_.chunk); });
+  return carve_buffer(buffer, [&](WorkspaceCarver& c) { carve_kv_rows(c, n, rows); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -295,9 +297,14 @@ Status BackendBase::plan_mha_main(ForwardMethod method) {
                                                     plan_.host.req_rows[b], i, pc.page_size));
       }
     }
-    MLA_RETURN_IF_ERROR(layout_chunk_scratch(plan_.kv_tokens, plan_.kv_tokens));
+    MLA_RETURN_IF_ERROR(
+        layout_kv_rows(mha_chunk_kv_, plan_.kv_tokens, plan_.kv_tokens, &plan_.chunk));
     MLA_RETURN_IF_ERROR(upload(plan_.chunk.slots, plan_.host.slots.data(),
                                plan_.host.slots.size() * sizeof(int32_t)));
+  } else {
+    // The new tokens' k, v, up-projected by run_mha from the rows at out_cache_loc (the slots
+    // are the plan's out_cache_loc: no slot list here).
+    MLA_RETURN_IF_ERROR(layout_kv_rows(mha_new_kv_, 0, plan_.num_tokens, &plan_.new_kv));
   }
   ++stats_.mha_plans;
   return Status::Ok();
@@ -309,7 +316,7 @@ Status BackendBase::plan_mha_chunks() {
   if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
   const KvPoolConfig& pc = pool_->config();
   // This batch's chunk capacity: the rows the mha_chunk_kv budget leaves after the slot list
-  // (layout_chunk_scratch carves both from that buffer). The chunks' attention merges into the
+  // (layout_kv_rows carves both from that buffer). The chunks' attention merges into the
   // layer's (o, lse) itself (MhaArgs::merge_into_output): no per-new-token partials here.
   const int H = options_.model.num_heads;
   int64_t prefix_total = 0;
@@ -375,7 +382,8 @@ Status BackendBase::plan_mha_chunks() {
   plan_.chunk_plans = static_cast<const std::byte*>(mha_chunk_plan_.data());
   MLA_ASSIGN_OR_RETURN(plan_.op, layout_op_scratch(op_ws, plan_.fell_back));
   if (C > 0) {
-    MLA_RETURN_IF_ERROR(layout_chunk_scratch(to_i64(plan_.chunks.kv_indices.size()), max_rows));
+    MLA_RETURN_IF_ERROR(layout_kv_rows(mha_chunk_kv_, to_i64(plan_.chunks.kv_indices.size()),
+                                       max_rows, &plan_.chunk));
     MLA_RETURN_IF_ERROR(upload(plan_.chunk.slots, plan_.chunks.kv_indices.data(),
                                plan_.chunks.kv_indices.size() * sizeof(int32_t)));
   }

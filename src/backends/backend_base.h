@@ -135,11 +135,12 @@ class BackendBase : public AttentionBackend {
   BatchPlan plan_;  // of the batch last planned (rebuilt in place per batch)
 
  private:
-  using ChunkScratch = BatchPlan::ChunkScratch;
+  using KvRows = BatchPlan::KvRows;
   Status collect(const ForwardBatch& batch);  // the plan's batch fields from the batch
   // Op scratch of `op_bytes` from the workspace op_workspace(.., fell_back) gives.
   StatusOr<BatchPlan::OpScratch> layout_op_scratch(std::size_t op_bytes, bool fell_back);
-  Status layout_chunk_scratch(int64_t num_slots, int64_t kv_rows);
+  // KvRows for `kv_rows` rows (and a slot list of num_slots) carved from `buffer`.
+  Status layout_kv_rows(GrowableBuffer& buffer, int64_t num_slots, int64_t kv_rows, KvRows* rows);
   // What mha_chunk_kv holds: a slot list, up-projected k / v rows and the up-projection's
   // workspace.
   struct ChunkCarves {
@@ -148,7 +149,7 @@ class BackendBase : public AttentionBackend {
     int64_t kv_rows = 0;
     std::size_t up_bytes = 0;
   };
-  static void carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s);
+  static void carve_kv_rows(WorkspaceCarver& c, const ChunkCarves& n, KvRows* s);
   static std::size_t chunk_carves_bytes(const ChunkCarves& n);
   Status upload(void* dst, const void* src, std::size_t bytes);
   Status plan_absorbed(const AttnCapacity& cap, GrowableBuffer* eager_plan, void* graph_plan);
@@ -158,8 +159,9 @@ class BackendBase : public AttentionBackend {
   Status run_absorbed(const AttentionInputs& in, const AttentionOutputs& out,
                       const ExecContext& ctx);
   Status run_mha(const AttentionInputs& in, const AttentionOutputs& out, const ExecContext& ctx);
-  Status run_up_project(const AttentionInputs& in, const int32_t* slots, int64_t n,
-                        const ExecContext& ctx);
+  // Up-projects the latent rows of `slots` [n] of in.layer into rows.k / rows.v.
+  Status run_up_project(const AttentionInputs& in, const KvRows& rows, const int32_t* slots,
+                        int64_t n, const ExecContext& ctx);
   Status plan_graph(const ForwardBatch& batch, int padded_bs);
   void record_plan_ns(uint64_t ns);
 
@@ -169,7 +171,8 @@ class BackendBase : public AttentionBackend {
   GrowableBuffer mha_plan_;        // "<name>.mha_plan"  ragged / one-shot plan
   GrowableBuffer mha_chunk_plan_;  // "<name>.mha_chunk_plan"  one plan per prefix chunk
   GrowableBuffer indices_;         // "<name>.out_cache_loc"  i32 [T]
-  GrowableBuffer mha_chunk_kv_;    // "<name>.mha_chunk_kv"  ChunkScratch
+  GrowableBuffer mha_chunk_kv_;    // "<name>.mha_chunk_kv"  KvRows of a prefix chunk / one-shot
+  GrowableBuffer mha_new_kv_;      // "<name>.mha_new_kv"  KvRows of the new tokens
   GrowableBuffer lse_;             // "<name>.lse"  f32 [T, H] when the caller wants no lse
 
   // Static graph state (init_cuda_graph_state): never reallocated by capture or replay.

@@ -94,8 +94,8 @@ Status BackendBase::run_absorbed(const AttentionInputs& in, const AttentionOutpu
   return ops_->absorbed->run(args, ctx);
 }
 
-Status BackendBase::run_up_project(const AttentionInputs& in, const int32_t* slots, int64_t n,
-                                   const ExecContext& ctx) {
+Status BackendBase::run_up_project(const AttentionInputs& in, const KvRows& rows,
+                                   const int32_t* slots, int64_t n, const ExecContext& ctx) {
   const UpProjectOp* op = ops_->up_project.get();
   if (op == nullptr) return unsupported("{}: op set '{}' has no up_project op", name_, ops_->name);
   const int64_t H = options_.model.num_heads;
@@ -108,17 +108,19 @@ Status BackendBase::run_up_project(const AttentionInputs& in, const int32_t* slo
   args.k_scale = pc.dtype == DType::kFP8E4M3 ? pool_->k_scale(in.layer) : 1.0f;
   args.slots = view(const_cast<int32_t*>(slots), DType::kI32, dev, {n});
   args.kv_b_proj = in.kv_b_proj;
-  args.k = view(plan_.chunk.k, DType::kBF16, dev, {n, H, kQkHeadDim});
-  args.v = view(plan_.chunk.v, DType::kBF16, dev, {n, H, kVHeadDim});
-  args.workspace = plan_.chunk.up_ws;
-  args.workspace_bytes = plan_.chunk.up_ws_bytes;
+  args.k = view(rows.k, DType::kBF16, dev, {n, H, kQkHeadDim});
+  args.v = view(rows.v, DType::kBF16, dev, {n, H, kVHeadDim});
+  args.workspace = rows.up_ws;
+  args.workspace_bytes = rows.up_ws_bytes;
   return op->run(args, ctx);
 }
 
-// MHA forms. Chunked: causal among the new tokens into (o, lse), then for every prefix chunk:
-// gather + up-project its rows, non-causal attention of all new tokens against it, merged into
-// (o, lse) by the attention op itself (MhaArgs::merge_into_output; a request with no rows in
-// the chunk keeps its state).
+// MHA forms. The backend up-projects every latent row a pass reads: the new tokens' rows just
+// written (unless the caller brings their k, v), or with the one-shot gather prefix and new
+// tokens together. Chunked: causal among the new tokens into (o, lse), then for every prefix
+// chunk: gather + up-project its rows, non-causal attention of all new tokens against it, merged
+// into (o, lse) by the attention op itself (MhaArgs::merge_into_output; a request with no rows
+// in the chunk keeps its state).
 Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& out,
                             const ExecContext& ctx) {
   const MhaAttentionOp* op = ops_->mha.get();
@@ -128,6 +130,9 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
   const Device dev = options_.device;
   const bool chunked = plan_.method == ForwardMethod::kMhaChunked && plan_.has_prefix;
   const bool gather = plan_.method == ForwardMethod::kMhaOneShot && plan_.has_prefix;
+  // k, v of the new tokens: the caller's, or up-projected here from the rows written at the
+  // plan's out_cache_loc (in.kv_b_proj).
+  const bool up_project_new = !gather && in.k.data == nullptr && in.v.data == nullptr;
   if (chunked) {
     MLA_CHECK_ARG(plan_.chunks_planned(),
                   "{}: the prefix chunks of this batch were not planned; call "
@@ -136,9 +141,16 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
   }
   MLA_RETURN_IF_ERROR(expect_tensor(in.q, "q", DType::kBF16, {T, H, kQkHeadDim}, dev));
   MLA_RETURN_IF_ERROR(expect_tensor(out.o, "o", DType::kBF16, {T, H, kVHeadDim}, dev));
-  if (!gather) {
+  if (!gather && !up_project_new) {
     MLA_RETURN_IF_ERROR(expect_tensor(in.k, "k", DType::kBF16, {T, H, kQkHeadDim}, dev));
     MLA_RETURN_IF_ERROR(expect_tensor(in.v, "v", DType::kBF16, {T, H, kVHeadDim}, dev));
+  }
+  if (gather || chunked || up_project_new) {  // checked before anything is written
+    if (ops_->up_project == nullptr) {
+      return unsupported("{}: op set '{}' has no up_project op", name_, ops_->name);
+    }
+    MLA_RETURN_IF_ERROR(expect_tensor(in.kv_b_proj, "kv_b_proj", DType::kBF16,
+                                      {H * kKvBProjRowsPerHead, kKvLoraRank}, dev));
   }
   MLA_ASSIGN_OR_RETURN(TensorView lse, lse_view(out, T));
   if (in.save_kv_cache) MLA_RETURN_IF_ERROR(save_kv_cache(in.layer, in.c_kv, in.k_pe, ctx));
@@ -153,9 +165,13 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
   args.workspace = plan_.op.op;
   args.workspace_bytes = plan_.op.op_bytes;
   if (gather) {
-    MLA_RETURN_IF_ERROR(run_up_project(in, plan_.chunk.slots, plan_.kv_tokens, ctx));
+    MLA_RETURN_IF_ERROR(run_up_project(in, plan_.chunk, plan_.chunk.slots, plan_.kv_tokens, ctx));
     args.k = view(plan_.chunk.k, DType::kBF16, dev, {plan_.kv_tokens, H, kQkHeadDim});
     args.v = view(plan_.chunk.v, DType::kBF16, dev, {plan_.kv_tokens, H, kVHeadDim});
+  } else if (up_project_new) {
+    MLA_RETURN_IF_ERROR(run_up_project(in, plan_.new_kv, plan_.out_cache_loc, T, ctx));
+    args.k = view(plan_.new_kv.k, DType::kBF16, dev, {T, H, kQkHeadDim});
+    args.v = view(plan_.new_kv.v, DType::kBF16, dev, {T, H, kVHeadDim});
   } else {
     args.k = in.k;
     args.v = in.v;
@@ -165,7 +181,8 @@ Status BackendBase::run_mha(const AttentionInputs& in, const AttentionOutputs& o
 
   for (int c = 0; c < plan_.chunks.num_chunks; ++c) {
     const int64_t n = plan_.chunks.num_tokens[c];
-    MLA_RETURN_IF_ERROR(run_up_project(in, plan_.chunk.slots + plan_.chunks.kv_offsets[c], n, ctx));
+    MLA_RETURN_IF_ERROR(
+        run_up_project(in, plan_.chunk, plan_.chunk.slots + plan_.chunks.kv_offsets[c], n, ctx));
     MhaArgs chunk = args;
     chunk.k = view(plan_.chunk.k, DType::kBF16, dev, {n, H, kQkHeadDim});
     chunk.v = view(plan_.chunk.v, DType::kBF16, dev, {n, H, kVHeadDim});

@@ -65,13 +65,19 @@ struct BatchPlan {
     std::size_t op_bytes = 0;
     void* base = nullptr;  // the workspace the carve came from
   } op;
-  struct ChunkScratch {        // carved from "<backend>.mha_chunk_kv"
-    int32_t* slots = nullptr;  // [num slots] chunk kv_indices or the one-shot gather list
+  struct KvRows {              // up-projected latent rows, carved from a backend buffer
+    int32_t* slots = nullptr;  // [num slots] the rows' slots (when the plan uploads them)
     void* k = nullptr;         // bf16 [N, H, 192]
     void* v = nullptr;         // bf16 [N, H, 128]
-    void* up_ws = nullptr;
+    void* up_ws = nullptr;     // the up-projection's workspace
     std::size_t up_ws_bytes = 0;
-  } chunk;
+  };
+  // The backend up-projects every latent row an MHA pass reads (the one owner of the
+  // up-projection; the layer only writes q):
+  KvRows chunk;   // "<backend>.mha_chunk_kv": one prefix chunk's rows at a time (slots: every
+                  // chunk's kv_indices), or the one-shot gather of prefix + new tokens
+  KvRows new_kv;  // "<backend>.mha_new_kv": the new tokens' rows (slots: out_cache_loc), for an
+                  // MHA pass without the one-shot gather when the caller brings no k, v
 };
 
 }  // namespace mla::backends

@@ -189,9 +189,11 @@ TEST_F(BatchPlanTest, ChunkMetadataOfAnotherBatchThanThePlannedOneIsRefused) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A cpu op set whose absorbed and MHA ops count their supports() and plan() calls.
+// A cpu op set whose absorbed and MHA ops count their supports() and plan() calls, and whose
+// up-projection counts its runs and rows.
 struct Counts {
   std::atomic<int> absorbed_supports{0}, absorbed_plans{0}, mha_supports{0}, mha_plans{0};
+  std::atomic<int64_t> up_project_runs{0}, up_project_rows{0};
 };
 Counts& counts() {
   static Counts c;
@@ -244,12 +246,29 @@ class CountingMha final : public MhaAttentionOp {
   std::shared_ptr<const MhaAttentionOp> op_;
 };
 
+class CountingUpProject final : public UpProjectOp {
+ public:
+  explicit CountingUpProject(std::shared_ptr<const UpProjectOp> op) : op_(std::move(op)) {}
+  std::size_t workspace_bytes(int64_t n, int h) const override {
+    return op_->workspace_bytes(n, h);
+  }
+  Status run(const UpProjectArgs& a, const ExecContext& ctx) const override {
+    ++counts().up_project_runs;
+    counts().up_project_rows += a.slots.numel();
+    return op_->run(a, ctx);
+  }
+
+ private:
+  std::shared_ptr<const UpProjectOp> op_;
+};
+
 const char* counting_op_set() {
   static const bool registered = [] {
     OpSet set = *OpRegistry::global().default_for(DeviceType::kCpu);
     set.name = "cpu.counting";
     set.absorbed = std::make_shared<CountingAbsorbed>(set.absorbed);
     set.mha = std::make_shared<CountingMha>(set.mha);
+    set.up_project = std::make_shared<CountingUpProject>(set.up_project);
     OpRegistry::global().add(std::move(set));
     return true;
   }();
@@ -320,6 +339,133 @@ TEST_F(BatchPlanTest, GraphStateLeavesThePlannedBatchIntact) {
   EXPECT_EQ(after.o, before.o);
   EXPECT_EQ(after.lse, before.lse);
   testing::free_batch(*pool_, batch);
+}
+
+// The up-projection of a layer call has one owner, the backend: through MlaLayer every latent row
+// an MHA pass reads (the new tokens' and the prefix's) is up-projected exactly once per call,
+// by the backend (the layer and the backend share the counting op set, so either one's runs
+// count), into the backend's buffers; the layer's scratch holds q only. Before, the layer
+// up-projected the new tokens itself, also on the one-shot path where the backend gathers and
+// up-projects them again.
+TEST_F(BatchPlanTest, EveryLatentRowIsUpProjectedOncePerMhaLayerCallByTheBackend) {
+  struct Variant {
+    const char* backend;
+    testing::BatchSpec spec;
+    int64_t capacity;
+    ForwardMethod expect;
+    bool gather;  // one-shot with a prefix: prefix and new tokens gathered together
+  };
+  const Variant variants[] = {
+      {"paged_mla",
+       {ForwardMode::kExtend, {0, 0}, {9, 5}},
+       4096,
+       ForwardMethod::kMhaOneShot,
+       false},
+      {"paged_mla",
+       {ForwardMode::kExtend, {40, 33}, {6, 4}},
+       4096,
+       ForwardMethod::kMhaOneShot,
+       true},
+      {"paged_mla",
+       {ForwardMode::kExtend, {40, 33}, {6, 4}},
+       48,
+       ForwardMethod::kMhaChunked,
+       false},
+      {"chunked_mla",
+       {ForwardMode::kExtend, {40, 0}, {6, 4}},
+       48,
+       ForwardMethod::kMhaChunked,
+       false},
+      {"ondemand_mla",
+       {ForwardMode::kMixed, {30, 14}, {5, 1}},
+       48,
+       ForwardMethod::kMhaChunked,
+       false},
+  };
+  for (const Variant& v : variants) {
+    WorkspaceRegistry::global().release_all_for_testing();
+    BackendOptions o = options_;
+    o.op_set = counting_op_set();
+    o.chunked_prefix_capacity = v.capacity;
+    o.mha_prefix_threshold = 1;
+    auto layer = MlaLayer::create_random(o.model, 0, Device::cpu(), 9, 0.05f, o.op_set);
+    ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+    auto b = make(v.backend, o);
+    ASSERT_NE(b, nullptr);
+    ForwardBatch batch = testing::make_batch(*pool_, v.spec, rng_);
+    testing::LayerInputs in = testing::random_layer_inputs(batch.num_tokens(), 16, rng_);
+    ASSERT_TRUE(plan_batch(*b, batch).ok());
+    const BatchPlan& plan = plan_of(*b);
+    ASSERT_EQ(plan.method, v.expect) << v.backend;
+    const int64_t runs0 = counts().up_project_runs, rows0 = counts().up_project_rows;
+    const testing::LayerRun run = testing::run_layer(*b, **layer, batch, in, /*plan=*/false);
+    ASSERT_TRUE(run.status.ok()) << run.status.to_string();
+    const std::string what = fmt::format("{} {}", v.backend, forward_method_name(v.expect));
+    EXPECT_EQ(counts().up_project_rows - rows0, plan.kv_tokens) << what;
+    const int64_t passes = plan.method == ForwardMethod::kMhaChunked && plan.has_prefix
+                               ? 1 + plan.chunks.num_chunks
+                               : 1;
+    EXPECT_EQ(counts().up_project_runs - runs0, passes) << what;
+    const std::size_t T = static_cast<std::size_t>(batch.num_tokens()), H = 16;
+    EXPECT_LT((*layer)->scratch().capacity(), T * H * (192 + 192) * 2) << what << ": k, v in it";
+    EXPECT_EQ(testing::ledger_bytes(std::string(v.backend) + ".mha_new_kv") > 0, !v.gather) << what;
+    testing::free_batch(*pool_, batch);
+  }
+}
+
+// A caller that brings the new tokens' k and v (a benchmark timing attention alone) gets what
+// the backend's own up-projection of the written rows gives: bitwise the layer's output.
+TEST_F(BatchPlanTest, CallerBroughtNewTokenKvMatchesTheBackendsUpProjection) {
+  for (std::string_view name : {"paged_mla", "chunked_mla"}) {
+    WorkspaceRegistry::global().release_all_for_testing();
+    auto layer = MlaLayer::create_random(options_.model, 0, Device::cpu(), 4);
+    ASSERT_TRUE(layer.ok());
+    auto b = make(name, options_);
+    ASSERT_NE(b, nullptr);
+    ForwardBatch batch = testing::make_batch(*pool_, {ForwardMode::kExtend, {40, 0}, {6, 4}}, rng_);
+    const int64_t T = batch.num_tokens(), H = 16;
+    testing::LayerInputs in = testing::random_layer_inputs(T, static_cast<int>(H), rng_);
+    const testing::LayerRun via_layer = testing::run_layer(*b, **layer, batch, in);
+    ASSERT_TRUE(via_layer.status.ok()) << via_layer.status.to_string();
+    ASSERT_NE(b->forward_method(), ForwardMethod::kAbsorbed);
+
+    // k, v of the rows the layer call wrote, up-projected by the caller; q = [q_nope | q_pe].
+    const OpSet& ops = *OpRegistry::global().default_for(DeviceType::kCpu);
+    std::vector<bf16> q(static_cast<std::size_t>(T * H * 192)), k(q.size()),
+        v(static_cast<std::size_t>(T * H * 128));
+    for (int64_t r = 0; r < T * H; ++r) {
+      std::copy_n(in.q_nope.begin() + r * 128, 128, q.begin() + r * 192);
+      std::copy_n(in.q_pe.begin() + r * 64, 64, q.begin() + r * 192 + 128);
+    }
+    std::vector<std::byte> ws(ops.up_project->workspace_bytes(T, static_cast<int>(H)));
+    UpProjectArgs up;
+    up.kv_cache = pool_->layer_cache(0);
+    up.slots = b->out_cache_loc();
+    up.kv_b_proj = (*layer)->kv_b_proj();
+    up.k = TensorView(k.data(), DType::kBF16, Device::cpu(), {T, H, 192});
+    up.v = TensorView(v.data(), DType::kBF16, Device::cpu(), {T, H, 128});
+    up.workspace = ws.data();
+    up.workspace_bytes = ws.size();
+    ASSERT_TRUE(ops.up_project->run(up, ExecContext{}).ok());
+    AttentionInputs ai;
+    ai.layer = 0;
+    ai.save_kv_cache = false;  // written by the layer call
+    ai.q = TensorView(q.data(), DType::kBF16, Device::cpu(), {T, H, 192});
+    ai.k = up.k;
+    ai.v = up.v;
+    ai.kv_b_proj = (*layer)->kv_b_proj();
+    std::vector<bf16> o(static_cast<std::size_t>(T * H * 128));
+    std::vector<float> lse(static_cast<std::size_t>(T * H));
+    AttentionOutputs ao;
+    ao.o = TensorView(o.data(), DType::kBF16, Device::cpu(), {T, H, 128});
+    ao.lse = TensorView(lse.data(), DType::kF32, Device::cpu(), {T, H});
+    ASSERT_TRUE(b->forward_extend(ai, ao, ExecContext{}).ok()) << name;
+    std::vector<float> of(o.size());
+    for (std::size_t i = 0; i < o.size(); ++i) of[i] = o[i].to_float();
+    EXPECT_EQ(of, via_layer.o) << name;
+    EXPECT_EQ(lse, via_layer.lse) << name;
+    testing::free_batch(*pool_, batch);
+  }
 }
 
 }  // namespace
