@@ -141,8 +141,8 @@ class BackendBase : public AttentionBackend {
   StatusOr<BatchPlan::OpScratch> layout_op_scratch(std::size_t op_bytes, bool fell_back);
   // KvRows for `kv_rows` rows (and a slot list of num_slots) carved from `buffer`.
   Status layout_kv_rows(GrowableBuffer& buffer, int64_t num_slots, int64_t kv_rows, KvRows* rows);
-  // What mha_chunk_kv holds: a slot list, up-projected k / v rows and the up-projection's
-  // workspace.
+  // What mha_chunk_kv (and mha_new_kv, without slots) holds: a slot list, up-projected k / v rows
+  // and the up-projection's workspace.
   struct ChunkCarves {
     int num_heads = 0;
     int64_t num_slots = 0;
