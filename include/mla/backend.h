@@ -31,8 +31,9 @@ struct BackendOptions {
   // Bytes of up-projected prefix rows (k [N, H, 192], v [N, H, 128] bf16, plus the up-projection
   // scratch) one MHA pass may hold: the effective chunk capacity is the largest N that fits, so
   // the "<backend>.mha_chunk_kv" buffer cannot grow past it with the prefix (a paged_mla one-shot
-  // pass is chunked instead beyond it). The buffer also holds 4 bytes per prefix token (slot
-  // list) and H * 260 bytes per new token of the batch (chunk partial outputs).
+  // pass is chunked instead beyond it). The buffer also holds 4 bytes per prefix token (the
+  // slot list); the chunks merge into the layer's output in place, with no per-new-token
+  // partials. The new tokens' up-projected rows are in "<backend>.mha_new_kv", outside it.
   std::size_t mha_chunk_kv_budget_bytes = std::size_t{512} << 20;
   int64_t mha_prefix_threshold = 8192;  // paged_mla: sum(prefix) at which MHA is used
   // 0 = from the environment (MLA_PAGED_WORKSPACE_BYTES / MLA_CHUNKED_WORKSPACE_BYTES) or default.
@@ -57,11 +58,15 @@ struct AttentionInputs {
   bool save_kv_cache = true;
   // absorbed form
   TensorView q_absorbed;  // bf16 [T, H, 576] = [q_nope @ W_UK | q_pe]
-  // MHA form
-  TensorView q;          // bf16 [T, H, 192]
-  TensorView k;          // bf16 [T, H, 192] new tokens, up-projected
-  TensorView v;          // bf16 [T, H, 128]
-  TensorView kv_b_proj;  // bf16 [H * 256, 512] to up-project cached prefix rows
+  // MHA form. The backend up-projects (kv_b_proj) every latent row its passes read: the prefix
+  // (chunk by chunk, or with the one-shot gather) and the new tokens, whose rows it reads back
+  // from the cache at the planned out_cache_loc after writing them (with save_kv_cache off, the
+  // caller must have written them). A caller that already has the new tokens' k and v may pass
+  // both; they are used instead (except on the one-shot path, which gathers every row itself).
+  TensorView q;          // bf16 [T, H, 192] = [q_nope | q_pe]
+  TensorView k;          // optional: bf16 [T, H, 192] the new tokens' keys, up-projected
+  TensorView v;          // optional: bf16 [T, H, 128] the new tokens' values
+  TensorView kv_b_proj;  // bf16 [H * 256, 512]
 };
 
 struct AttentionOutputs {
@@ -157,8 +162,8 @@ class AttentionBackend {
   // (what forward_* does when save_kv_cache is set). c_kv bf16 [T, 512], k_pe bf16 [T, 64].
   virtual Status save_kv_cache(int layer, const TensorView& c_kv, const TensorView& k_pe,
                                const ExecContext& ctx) = 0;
-  // Device copy of the last planned batch's out_cache_loc, i32 [T] (graph: padded T), so a layer
-  // can up-project the just-written rows with UpProjectOp.
+  // Device copy of the last planned batch's out_cache_loc, i32 [T] (graph: padded T): the slots
+  // the layer calls write.
   virtual TensorView out_cache_loc() const = 0;
   // Whether the last planned batch took the fallback (chunked_mla / ondemand_mla only).
   virtual bool fell_back() const { return false; }

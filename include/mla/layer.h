@@ -2,8 +2,8 @@
 // views W_UK / W_UV, writes the latent cache, and runs the form the backend chose for the batch.
 //   absorbed: q_abs = q_nope @ W_UK into q [T, H, 576] = [q_abs | q_pe]; backend -> o_latent
 //             [T, H, 512]; o = o_latent @ W_UV^T.
-//   MHA:      k, v of the new tokens = up-projection of the just-written latent rows;
-//             q [T, H, 192] = [q_nope | q_pe]; backend -> o [T, H, 128].
+//   MHA:      q [T, H, 192] = [q_nope | q_pe]; backend -> o [T, H, 128] (the backend writes the
+//             cache and up-projects every latent row it reads, the new tokens' included).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +43,7 @@ class MlaLayer {
   const TensorView& kv_b_proj() const { return kv_b_proj_; }
   const ModelDims& dims() const { return dims_; }
   int layer_index() const { return layer_index_; }
-  // Layer scratch (q, o_latent, k, v of the new tokens), grown on demand, owner "activations".
+  // Layer scratch (q, o_latent), grown on demand, owner "activations".
   const GrowableBuffer& scratch() const { return scratch_; }
 
  private:

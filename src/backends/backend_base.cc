@@ -24,14 +24,16 @@ BackendBase::BackendBase(std::string name, const BackendContext& ctx, const OpSe
       mha_chunk_plan_(name_ + ".mha_chunk_plan", name_, ctx.options.device),
       indices_(name_ + ".out_cache_loc", name_, ctx.options.device),
       mha_chunk_kv_(name_ + ".mha_chunk_kv", name_, ctx.options.device),
+      mha_new_kv_(name_ + ".mha_new_kv", name_, ctx.options.device),
       lse_(name_ + ".lse", name_, ctx.options.device) {
   // Every planning decision sees the capacity the budget allows (SYSTEM.md 6, issue 14).
   options_.chunked_prefix_capacity = std::max<int64_t>(chunk_capacity(ctx.options, ops), 1);
 }
 
-// The carves of mha_chunk_kv, in order: the one function behind its size (chunk_rows_bytes, the
-// fixed part in plan_mha_chunks) and its layout (layout_chunk_scratch).
-void BackendBase::carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s) {
+// The carves of mha_chunk_kv (and of mha_new_kv, without slots), in order: the one function
+// behind their size (chunk_rows_bytes, the fixed part in plan_mha_chunks) and their layout
+// (layout_kv_rows).
+void BackendBase::carve_kv_rows(WorkspaceCarver& c, const ChunkCarves& n, KvRows* s) {
   const auto H = static_cast<std::size_t>(n.num_heads);
   const auto rows = static_cast<std::size_t>(n.kv_rows);
   s->slots = c.carve_as<int32_t>("slots", static_cast<std::size_t>(n.num_slots));
@@ -43,8 +45,8 @@ void BackendBase::carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, 
 
 std::size_t BackendBase::chunk_carves_bytes(const ChunkCarves& n) {
   WorkspaceCarver measure("mha_chunk_kv");
-  ChunkScratch unused;
-  carve_chunk_scratch(measure, n, &unused);
+  KvRows unused;
+  carve_kv_rows(measure, n, &unused);
   return measure.aligned_bytes();
 }
 
@@ -95,6 +97,13 @@ StatusOr<const OpSet*> BackendBase::resolve_ops(const BackendContext& ctx, std::
                 o.chunked_prefix_capacity);
   // The model, the pool's page size and dtype, the op set and its GPU (check_backend_config).
   MLA_ASSIGN_OR_RETURN(const OpSet* ops, check_backend_config(o, pc.page_size, pc.dtype, who));
+  // The MHA op's limits, asked once here (check_backend_config asked the absorbed op's), not per
+  // batch.
+  if (ops->mha != nullptr) {
+    if (const Status st = ops->mha->supports(o.model.num_heads); !st.ok()) {
+      return Status(st.code(), fmt::format("{}: {}", who, st.message()));
+    }
+  }
   const int64_t rows = rows_within(o.mha_chunk_kv_budget_bytes, o.max_batch, o.model.num_heads, ops,
                                    /*with_slots=*/true);
   MLA_CHECK_ARG(rows >= o.max_batch,
@@ -144,12 +153,11 @@ Status BackendBase::upload(void* dst, const void* src, std::size_t bytes) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side of a batch: request rows, lengths and indptrs into reused vectors.
+// Host side of a batch: request rows, lengths and indptrs into the plan's reused vectors.
 Status BackendBase::collect(const ForwardBatch& batch) {
   const int bs = batch.batch_size;
-  mode_ = batch.mode;
-  planned_ = true;
-  Host& h = host_;
+  plan_.mode = batch.mode;
+  BatchPlan::Host& h = plan_.host;
   h.req_rows.resize(bs);
   h.q_lens.resize(bs);
   h.kv_lens.resize(bs);
@@ -184,40 +192,43 @@ Status BackendBase::collect(const ForwardBatch& batch) {
     max_q = std::max(max_q, q);
     prefix = prefix || kv > q;
   }
-  batch_size_ = bs;
-  num_tokens_ = qo;
-  kv_tokens_ = kvo;
-  max_q_len_ = max_q;
-  has_prefix_ = prefix;
+  plan_.batch_size = bs;
+  plan_.num_tokens = qo;
+  plan_.kv_tokens = kvo;
+  plan_.max_q_len = max_q;
+  plan_.has_prefix = prefix;
   return Status::Ok();
 }
 
 // Op scratch from the family's workspace: [reserved (never touched by ops) | op]. The measuring
 // pass and the carving pass run the same function, so size and layout cannot drift.
-Status BackendBase::layout_op_scratch(std::size_t op_bytes) {
-  const std::size_t reserved = reserved_workspace_bytes();
+StatusOr<BatchPlan::OpScratch> BackendBase::layout_op_scratch(std::size_t op_bytes,
+                                                              bool fell_back) {
+  const std::size_t reserved = reserved_workspace_bytes(fell_back);
   auto carve_all = [&](WorkspaceCarver& c) {
     c.carve("reserved.counters", reserved);
     return c.carve("ops", op_bytes);
   };
   WorkspaceCarver measure(name_);
   carve_all(measure);
-  MLA_ASSIGN_OR_RETURN(WorkspaceView ws, op_workspace(measure.required_bytes()));
+  MLA_ASSIGN_OR_RETURN(WorkspaceView ws, op_workspace(measure.required_bytes(), fell_back));
   WorkspaceCarver carver(ws.name, ws.data, ws.bytes, ws.env_var);
-  scratch_.op = carve_all(carver);
-  scratch_.op_bytes = op_bytes;
-  scratch_.base = ws.data;
-  return carver.status();
+  BatchPlan::OpScratch scratch;
+  scratch.op = carve_all(carver);
+  scratch.op_bytes = op_bytes;
+  scratch.base = ws.data;
+  MLA_RETURN_IF_ERROR(carver.status());
+  return scratch;
 }
 
-Status BackendBase::layout_chunk_scratch(int64_t num_slots, int64_t kv_rows) {
+Status BackendBase::layout_kv_rows(GrowableBuffer& buffer, int64_t num_slots, int64_t kv_rows,
+                                   KvRows* rows) {
   ChunkCarves n;
   n.num_heads = options_.model.num_heads;
   n.num_slots = num_slots;
   n.kv_rows = kv_rows;
   n.up_bytes = ops_->up_project ? ops_->up_project->workspace_bytes(kv_rows, n.num_heads) : 0;
-  return carve_buffer(mha_chunk_kv_,
-                      [&](WorkspaceCarver& c) { carve_chunk_scratch(c, n, &chunk_scratch_); });
+  return carve_buffer(buffer, [&](WorkspaceCarver& c) { carve_kv_rows(c, n, rows); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -225,26 +236,28 @@ Status BackendBase::plan_absorbed(const AttnCapacity& cap, GrowableBuffer* eager
                                   void* graph_plan) {
   const AbsorbedAttentionOp* op = ops_->absorbed.get();
   if (op == nullptr) return unsupported("{}: op set '{}' has no absorbed op", name_, ops_->name);
+  // The op's supports() was asked at construction (check_backend_config): its plan() is the one
+  // place a batch's kernel is chosen.
   const KvPoolConfig& pc = pool_->config();
-  MLA_RETURN_IF_ERROR(op->supports(options_.model.num_heads, pc.page_size, pc.dtype));
   AbsorbedProblem problem;
   problem.num_heads = options_.model.num_heads;
   problem.page_size = pc.page_size;
   problem.causal = true;
-  problem.req_rows = host_.req_rows;
-  problem.q_lens = host_.q_lens;
-  problem.kv_lens = host_.kv_lens;
+  problem.req_rows = plan_.host.req_rows;
+  problem.q_lens = plan_.host.q_lens;
+  problem.kv_lens = plan_.host.kv_lens;
   const std::size_t bytes = op->plan_bytes(cap);
-  host_.plan.resize(bytes);
-  MLA_ASSIGN_OR_RETURN(const std::size_t used, op->plan(problem, cap, host_.plan));
+  plan_.host.op_plan.resize(bytes);
+  MLA_ASSIGN_OR_RETURN(const std::size_t used, op->plan(problem, cap, plan_.host.op_plan));
   void* dst = graph_plan;
   if (dst == nullptr) {
     MLA_RETURN_IF_ERROR(eager_plan->reserve(bytes));
     dst = eager_plan->data();
   }
-  MLA_RETURN_IF_ERROR(upload(dst, host_.plan.data(), used));
-  absorbed_plan_dev_ = dst;
-  MLA_RETURN_IF_ERROR(layout_op_scratch(absorbed_op_workspace_bytes(cap)));
+  MLA_RETURN_IF_ERROR(upload(dst, plan_.host.op_plan.data(), used));
+  plan_.absorbed_plan = dst;
+  MLA_ASSIGN_OR_RETURN(plan_.op,
+                       layout_op_scratch(absorbed_op_workspace_bytes(cap), plan_.fell_back));
   ++stats_.absorbed_plans;
   return Status::Ok();
 }
@@ -254,36 +267,44 @@ Status BackendBase::plan_absorbed(const AttnCapacity& cap, GrowableBuffer* eager
 Status BackendBase::plan_mha_main(ForwardMethod method) {
   const MhaAttentionOp* op = ops_->mha.get();
   if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
-  MLA_RETURN_IF_ERROR(op->supports(options_.model.num_heads));
-  const bool gather = method == ForwardMethod::kMhaOneShot && has_prefix_;
+  const bool gather = method == ForwardMethod::kMhaOneShot && plan_.has_prefix;
   MhaProblem problem;
   problem.num_heads = options_.model.num_heads;
   problem.causal = true;
-  problem.qo_indptr = host_.qo_indptr;
-  problem.kv_indptr = gather ? host_.kv_indptr : host_.qo_indptr;
-  mha_cap_ = AttnCapacity{batch_size_, num_tokens_, gather ? kv_tokens_ : num_tokens_, max_q_len_,
-                          options_.model.num_heads};
-  const std::size_t bytes = op->plan_bytes(mha_cap_);
-  host_.plan.resize(bytes);
-  MLA_ASSIGN_OR_RETURN(const std::size_t used, op->plan(problem, mha_cap_, host_.plan));
+  problem.qo_indptr = plan_.host.qo_indptr;
+  problem.kv_indptr = gather ? plan_.host.kv_indptr : plan_.host.qo_indptr;
+  plan_.mha_cap =
+      AttnCapacity{plan_.batch_size, plan_.num_tokens, gather ? plan_.kv_tokens : plan_.num_tokens,
+                   plan_.max_q_len, options_.model.num_heads};
+  const std::size_t bytes = op->plan_bytes(plan_.mha_cap);
+  plan_.host.op_plan.resize(bytes);
+  MLA_ASSIGN_OR_RETURN(const std::size_t used,
+                       op->plan(problem, plan_.mha_cap, plan_.host.op_plan));
   MLA_RETURN_IF_ERROR(mha_plan_.reserve(bytes));
-  MLA_RETURN_IF_ERROR(upload(mha_plan_.data(), host_.plan.data(), used));
-  MLA_RETURN_IF_ERROR(layout_op_scratch(op->workspace_bytes(mha_cap_)));
+  MLA_RETURN_IF_ERROR(upload(mha_plan_.data(), plan_.host.op_plan.data(), used));
+  plan_.mha_plan = mha_plan_.data();
+  MLA_ASSIGN_OR_RETURN(plan_.op,
+                       layout_op_scratch(op->workspace_bytes(plan_.mha_cap), plan_.fell_back));
   if (gather) {
     // One-shot: every key of every request, read from the host req_to_token.
     const KvPoolConfig& pc = pool_->config();
     const auto& table = pool_->req_to_token_host();
-    host_.slots.resize(static_cast<std::size_t>(kv_tokens_));
-    int32_t* out = host_.slots.data();
-    for (int b = 0; b < batch_size_; ++b) {
-      for (int64_t i = 0; i < host_.kv_lens[b]; ++i) {
-        *out++ = static_cast<int32_t>(
-            slot_of_token(table.data(), pc.max_context_len, host_.req_rows[b], i, pc.page_size));
+    plan_.host.slots.resize(static_cast<std::size_t>(plan_.kv_tokens));
+    int32_t* out = plan_.host.slots.data();
+    for (int b = 0; b < plan_.batch_size; ++b) {
+      for (int64_t i = 0; i < plan_.host.kv_lens[b]; ++i) {
+        *out++ = static_cast<int32_t>(slot_of_token(table.data(), pc.max_context_len,
+                                                    plan_.host.req_rows[b], i, pc.page_size));
       }
     }
-    MLA_RETURN_IF_ERROR(layout_chunk_scratch(kv_tokens_, kv_tokens_));
     MLA_RETURN_IF_ERROR(
-        upload(chunk_scratch_.slots, host_.slots.data(), host_.slots.size() * sizeof(int32_t)));
+        layout_kv_rows(mha_chunk_kv_, plan_.kv_tokens, plan_.kv_tokens, &plan_.chunk));
+    MLA_RETURN_IF_ERROR(upload(plan_.chunk.slots, plan_.host.slots.data(),
+                               plan_.host.slots.size() * sizeof(int32_t)));
+  } else {
+    // The new tokens' k, v, up-projected by run_mha from the rows at out_cache_loc (the slots
+    // are the plan's out_cache_loc: no slot list here).
+    MLA_RETURN_IF_ERROR(layout_kv_rows(mha_new_kv_, 0, plan_.num_tokens, &plan_.new_kv));
   }
   ++stats_.mha_plans;
   return Status::Ok();
@@ -295,11 +316,11 @@ Status BackendBase::plan_mha_chunks() {
   if (op == nullptr) return unsupported("{}: op set '{}' has no mha op", name_, ops_->name);
   const KvPoolConfig& pc = pool_->config();
   // This batch's chunk capacity: the rows the mha_chunk_kv budget leaves after the slot list
-  // (layout_chunk_scratch carves both from that buffer). The chunks' attention merges into the
+  // (layout_kv_rows carves both from that buffer). The chunks' attention merges into the
   // layer's (o, lse) itself (MhaArgs::merge_into_output): no per-new-token partials here.
   const int H = options_.model.num_heads;
   int64_t prefix_total = 0;
-  for (int32_t p : host_.prefix_lens) prefix_total += p;
+  for (int32_t p : plan_.host.prefix_lens) prefix_total += p;
   ChunkCarves fixed_carves;  // what does not grow with the rows: the slot list
   fixed_carves.num_heads = H;
   fixed_carves.num_slots = prefix_total;
@@ -309,90 +330,96 @@ Status BackendBase::plan_mha_chunks() {
       fixed < budget ? rows_within(budget - fixed, options_.chunked_prefix_capacity, H, ops_,
                                    /*with_slots=*/false)
                      : 0;
-  if (capacity < batch_size_) {
+  if (capacity < plan_.batch_size) {
     return make_status(StatusCode::kOutOfWorkspace,
                        "{}: {} new tokens and {} prefix tokens leave room for {} up-projected "
                        "rows in the mha_chunk_kv budget of {} bytes, fewer than the {} requests "
                        "of the batch (raise BackendOptions::mha_chunk_kv_budget_bytes)",
-                       name_, num_tokens_, prefix_total, capacity, budget, batch_size_);
+                       name_, plan_.num_tokens, prefix_total, capacity, budget, plan_.batch_size);
   }
-  MLA_RETURN_IF_ERROR(planning::plan_chunked_prefix(host_.prefix_lens, capacity, &chunks_));
-  MLA_RETURN_IF_ERROR(planning::fill_chunk_kv_indices(host_.req_rows, pool_->req_to_token_host(),
-                                                      pc.max_context_len, pc.page_size, &chunks_));
-  const int C = chunks_.num_chunks;
-  chunk_caps_.resize(C);
-  chunk_plan_offsets_.resize(C);
+  MLA_RETURN_IF_ERROR(
+      planning::plan_chunked_prefix(plan_.host.prefix_lens, capacity, &plan_.chunks));
+  MLA_RETURN_IF_ERROR(
+      planning::fill_chunk_kv_indices(plan_.host.req_rows, pool_->req_to_token_host(),
+                                      pc.max_context_len, pc.page_size, &plan_.chunks));
+  const int C = plan_.chunks.num_chunks;
+  plan_.chunk_caps.resize(C);
+  plan_.chunk_plan_offsets.resize(C);
   std::size_t total = 0;
   // The ops carve of this batch may already serve the main pass (or an absorbed plan).
-  mha_cap_ =
-      AttnCapacity{batch_size_, num_tokens_, num_tokens_, max_q_len_, options_.model.num_heads};
-  std::size_t op_ws = std::max(op->workspace_bytes(mha_cap_), scratch_.op_bytes);
+  plan_.mha_cap = AttnCapacity{plan_.batch_size, plan_.num_tokens, plan_.num_tokens,
+                               plan_.max_q_len, options_.model.num_heads};
+  std::size_t op_ws = std::max(op->workspace_bytes(plan_.mha_cap), plan_.op.op_bytes);
   int64_t max_rows = 0;
   for (int c = 0; c < C; ++c) {
-    chunk_caps_[c] = AttnCapacity{batch_size_, num_tokens_, chunks_.num_tokens[c], max_q_len_,
-                                  options_.model.num_heads};
-    chunk_plan_offsets_[c] = total;
-    total = align_workspace(total + op->plan_bytes(chunk_caps_[c]));
-    op_ws = std::max(op_ws, op->workspace_bytes(chunk_caps_[c]));
-    max_rows = std::max(max_rows, chunks_.num_tokens[c]);
+    plan_.chunk_caps[c] =
+        AttnCapacity{plan_.batch_size, plan_.num_tokens, plan_.chunks.num_tokens[c],
+                     plan_.max_q_len, options_.model.num_heads};
+    plan_.chunk_plan_offsets[c] = total;
+    total = align_workspace(total + op->plan_bytes(plan_.chunk_caps[c]));
+    op_ws = std::max(op_ws, op->workspace_bytes(plan_.chunk_caps[c]));
+    max_rows = std::max(max_rows, plan_.chunks.num_tokens[c]);
   }
-  host_.plan.resize(total);
+  plan_.host.op_plan.resize(total);
   MhaProblem problem;
   problem.num_heads = options_.model.num_heads;
   problem.causal = false;
-  problem.qo_indptr = host_.qo_indptr;
+  problem.qo_indptr = plan_.host.qo_indptr;
   for (int c = 0; c < C; ++c) {
-    problem.kv_indptr = chunks_.chunk_cu_len(c);
-    const std::size_t bytes = op->plan_bytes(chunk_caps_[c]);
+    problem.kv_indptr = plan_.chunks.chunk_cu_len(c);
+    const std::size_t bytes = op->plan_bytes(plan_.chunk_caps[c]);
     MLA_ASSIGN_OR_RETURN(
         const std::size_t used,
-        op->plan(problem, chunk_caps_[c],
-                 std::span<std::byte>(host_.plan.data() + chunk_plan_offsets_[c], bytes)));
+        op->plan(
+            problem, plan_.chunk_caps[c],
+            std::span<std::byte>(plan_.host.op_plan.data() + plan_.chunk_plan_offsets[c], bytes)));
     (void)used;
   }
   if (total > 0) {
     MLA_RETURN_IF_ERROR(mha_chunk_plan_.reserve(total));
-    MLA_RETURN_IF_ERROR(upload(mha_chunk_plan_.data(), host_.plan.data(), total));
+    MLA_RETURN_IF_ERROR(upload(mha_chunk_plan_.data(), plan_.host.op_plan.data(), total));
   }
-  MLA_RETURN_IF_ERROR(layout_op_scratch(op_ws));
+  plan_.chunk_plans = static_cast<const std::byte*>(mha_chunk_plan_.data());
+  MLA_ASSIGN_OR_RETURN(plan_.op, layout_op_scratch(op_ws, plan_.fell_back));
   if (C > 0) {
-    MLA_RETURN_IF_ERROR(layout_chunk_scratch(to_i64(chunks_.kv_indices.size()), max_rows));
-    MLA_RETURN_IF_ERROR(upload(chunk_scratch_.slots, chunks_.kv_indices.data(),
-                               chunks_.kv_indices.size() * sizeof(int32_t)));
+    MLA_RETURN_IF_ERROR(layout_kv_rows(mha_chunk_kv_, to_i64(plan_.chunks.kv_indices.size()),
+                                       max_rows, &plan_.chunk));
+    MLA_RETURN_IF_ERROR(upload(plan_.chunk.slots, plan_.chunks.kv_indices.data(),
+                               plan_.chunks.kv_indices.size() * sizeof(int32_t)));
   }
   ++stats_.mha_chunk_plans;
   stats_.chunks_planned += static_cast<uint64_t>(C);
-  chunk_epoch_ = batch_epoch_;
+  plan_.chunk_epoch = plan_.epoch;
   return Status::Ok();
 }
 
 PlanDescription BackendBase::describe_plan() const {
   PlanDescription d;
   d.backend = name_;
-  if (!planned_) return d;
-  d.mode = mode_;
-  d.method = method_;
-  d.fell_back = fell_back();
-  d.num_tokens = num_tokens_;
+  if (plan_.epoch == 0) return d;
+  d.mode = plan_.mode;
+  d.method = plan_.method;
+  d.fell_back = plan_.fell_back;
+  d.num_tokens = plan_.num_tokens;
   const auto detail = [&d](std::string name, auto value) {
     d.details.emplace_back(std::move(name), fmt::format("{}", value));
   };
-  detail("requests", batch_size_);
-  detail("kv tokens", kv_tokens_);
+  detail("requests", plan_.batch_size);
+  detail("kv tokens", plan_.kv_tokens);
   detail("op set", ops_->name);
-  detail("op scratch bytes", scratch_.op_bytes);
-  if (method_ == ForwardMethod::kMhaChunked && has_prefix_) {
-    if (chunk_epoch_ != batch_epoch_) {
+  detail("op scratch bytes", plan_.op.op_bytes);
+  if (plan_.method == ForwardMethod::kMhaChunked && plan_.has_prefix) {
+    if (!plan_.chunks_planned()) {
       detail("prefix chunks", "not planned yet (init_mha_chunk_metadata plans them)");
     } else {
-      d.chunk_capacity = chunks_.capacity;
-      d.chunk_len = chunks_.chunk_len;
-      for (int c = 0; c < chunks_.num_chunks; ++c) {
+      d.chunk_capacity = plan_.chunks.capacity;
+      d.chunk_len = plan_.chunks.chunk_len;
+      for (int c = 0; c < plan_.chunks.num_chunks; ++c) {
         PlanDescription::Chunk ch;
-        ch.start = chunks_.start(c);
-        for (int b = 0; b < chunks_.batch_size; ++b) ch.lens.push_back(chunks_.len(c, b));
-        ch.num_tokens = chunks_.num_tokens[static_cast<std::size_t>(c)];
-        ch.has_zero_kv = chunks_.has_zero_kv[static_cast<std::size_t>(c)] != 0;
+        ch.start = plan_.chunks.start(c);
+        for (int b = 0; b < plan_.chunks.batch_size; ++b) ch.lens.push_back(plan_.chunks.len(c, b));
+        ch.num_tokens = plan_.chunks.num_tokens[static_cast<std::size_t>(c)];
+        ch.has_zero_kv = plan_.chunks.has_zero_kv[static_cast<std::size_t>(c)] != 0;
         d.chunks.push_back(std::move(ch));
       }
     }
@@ -407,28 +434,31 @@ Status BackendBase::plan_prefix_chunks(const ForwardBatch& batch) {
   return s;
 }
 
-Status BackendBase::plan_eager(const ForwardBatch& batch, ForwardMethod method, bool plan_chunks) {
-  ++batch_epoch_;
-  method_ = method;
+Status BackendBase::plan_eager(const ForwardBatch& batch, ForwardMethod method, bool fell_back,
+                               bool plan_chunks) {
+  ++plan_.epoch;
+  plan_.method = method;
+  plan_.fell_back = fell_back;
   MLA_RETURN_IF_ERROR(collect(batch));
   const int64_t H = options_.model.num_heads;
-  MLA_RETURN_IF_ERROR(indices_.reserve(static_cast<std::size_t>(num_tokens_) * sizeof(int32_t)));
+  MLA_RETURN_IF_ERROR(
+      indices_.reserve(static_cast<std::size_t>(plan_.num_tokens) * sizeof(int32_t)));
   MLA_RETURN_IF_ERROR(upload(indices_.data(), batch.out_cache_loc.data(),
                              batch.out_cache_loc.size() * sizeof(int32_t)));
-  out_cache_loc_dev_ = static_cast<const int32_t*>(indices_.data());
-  MLA_RETURN_IF_ERROR(lse_.reserve(static_cast<std::size_t>(num_tokens_ * H) * sizeof(float)));
-  lse_dev_ = static_cast<float*>(lse_.data());
-  if (batch.mode == ForwardMode::kIdle || num_tokens_ == 0) return Status::Ok();
+  plan_.out_cache_loc = static_cast<const int32_t*>(indices_.data());
+  MLA_RETURN_IF_ERROR(lse_.reserve(static_cast<std::size_t>(plan_.num_tokens * H) * sizeof(float)));
+  plan_.lse = static_cast<float*>(lse_.data());
+  if (batch.mode == ForwardMode::kIdle || plan_.num_tokens == 0) return Status::Ok();
   if (method == ForwardMethod::kAbsorbed) {
-    const AttnCapacity cap{batch_size_, num_tokens_,         0,
-                           max_q_len_,  static_cast<int>(H), options_.batch_invariant};
+    const AttnCapacity cap{plan_.batch_size, plan_.num_tokens,    0,
+                           plan_.max_q_len,  static_cast<int>(H), options_.batch_invariant};
     return plan_absorbed(cap, &absorbed_plan_, nullptr);
   }
   MLA_RETURN_IF_ERROR(plan_mha_main(method));
   if (method == ForwardMethod::kMhaChunked) {
-    if (!has_prefix_) {
-      chunks_.num_chunks = 0;
-      chunk_epoch_ = batch_epoch_;
+    if (!plan_.has_prefix) {
+      plan_.chunks.num_chunks = 0;
+      plan_.chunk_epoch = plan_.epoch;
     } else if (plan_chunks) {
       MLA_RETURN_IF_ERROR(plan_mha_chunks());
     }
@@ -460,16 +490,23 @@ Status BackendBase::init_cuda_graph_state(int max_bs, int64_t max_num_tokens) {
   MLA_ASSIGN_OR_RETURN(graph_lse_,
                        DeviceBuffer::allocate(dev, static_cast<std::size_t>(max_num_tokens * H) * 4,
                                               name_ + ".graph.lse", name_, false));
-  MLA_RETURN_IF_ERROR(layout_op_scratch(absorbed_op_workspace_bytes(graph_cap_)));
-  graph_workspace_base_ = scratch_.base;
+  // Graph batches never fall back. The graph's carve is not the plan of the batch last planned
+  // (if any): that plan keeps its own size.
+  MLA_ASSIGN_OR_RETURN(const BatchPlan::OpScratch graph_scratch,
+                       layout_op_scratch(absorbed_op_workspace_bytes(graph_cap_), false));
+  graph_workspace_base_ = graph_scratch.base;
+  if (plan_.epoch != 0) {  // an on-demand workspace may have moved: carve the plan's again
+    MLA_ASSIGN_OR_RETURN(plan_.op, layout_op_scratch(plan_.op.op_bytes, plan_.fell_back));
+  }
   // Host vectors big enough that capture and replay never allocate.
-  for (auto* v : {&host_.req_rows, &host_.q_lens, &host_.kv_lens, &host_.prefix_lens}) {
+  for (auto* v :
+       {&plan_.host.req_rows, &plan_.host.q_lens, &plan_.host.kv_lens, &plan_.host.prefix_lens}) {
     v->reserve(static_cast<std::size_t>(max_bs));
   }
-  host_.qo_indptr.reserve(static_cast<std::size_t>(max_bs) + 1);
-  host_.kv_indptr.reserve(static_cast<std::size_t>(max_bs) + 1);
-  host_.out_cache_loc.reserve(static_cast<std::size_t>(max_num_tokens));
-  host_.plan.reserve(op->plan_bytes(graph_cap_));
+  plan_.host.qo_indptr.reserve(static_cast<std::size_t>(max_bs) + 1);
+  plan_.host.kv_indptr.reserve(static_cast<std::size_t>(max_bs) + 1);
+  plan_.host.out_cache_loc.reserve(static_cast<std::size_t>(max_num_tokens));
+  plan_.host.op_plan.reserve(op->plan_bytes(graph_cap_));
   graph_ready_ = true;
   return Status::Ok();
 }
@@ -488,13 +525,13 @@ Status BackendBase::plan_graph(const ForwardBatch& batch, int padded_bs) {
   MLA_CHECK_ARG(padded_bs >= bs && padded_bs <= graph_cap_.max_batch,
                 "{}: padded_bs = {} must be in [batch_size = {}, max_bs = {}]", name_, padded_bs,
                 bs, graph_cap_.max_batch);
-  ++batch_epoch_;
-  method_ = ForwardMethod::kAbsorbed;
-  fell_back_ = false;
+  ++plan_.epoch;
+  plan_.method = ForwardMethod::kAbsorbed;
+  plan_.fell_back = false;
   MLA_RETURN_IF_ERROR(collect(batch));
   const int32_t fill = cuda_graph_seq_len_fill_value();
   const int32_t pad_q = m == ForwardMode::kTargetVerify ? batch.num_draft_tokens : 1;
-  Host& h = host_;
+  BatchPlan::Host& h = plan_.host;
   h.out_cache_loc.assign(batch.out_cache_loc.begin(), batch.out_cache_loc.end());
   for (int b = bs; b < padded_bs; ++b) {
     h.req_rows.push_back(0);
@@ -505,18 +542,18 @@ Status BackendBase::plan_graph(const ForwardBatch& batch, int padded_bs) {
     h.kv_indptr.push_back(h.kv_indptr.back() + h.kv_lens.back());
     for (int t = 0; t < pad_q; ++t) h.out_cache_loc.push_back(0);  // dummy page slot 0
   }
-  batch_size_ = padded_bs;
-  num_tokens_ = h.qo_indptr.back();
-  kv_tokens_ = h.kv_indptr.back();
-  MLA_CHECK_ARG(num_tokens_ <= graph_cap_.max_q_tokens,
+  plan_.batch_size = padded_bs;
+  plan_.num_tokens = h.qo_indptr.back();
+  plan_.kv_tokens = h.kv_indptr.back();
+  MLA_CHECK_ARG(plan_.num_tokens <= graph_cap_.max_q_tokens,
                 "{}: padded batch has {} tokens, the graph state was sized for {}", name_,
-                num_tokens_, graph_cap_.max_q_tokens);
+                plan_.num_tokens, graph_cap_.max_q_tokens);
   MLA_RETURN_IF_ERROR(upload(graph_out_cache_loc_.data(), h.out_cache_loc.data(),
                              h.out_cache_loc.size() * sizeof(int32_t)));
-  out_cache_loc_dev_ = graph_out_cache_loc_.as<int32_t>();
-  lse_dev_ = graph_lse_.as<float>();
+  plan_.out_cache_loc = graph_out_cache_loc_.as<int32_t>();
+  plan_.lse = graph_lse_.as<float>();
   MLA_RETURN_IF_ERROR(plan_absorbed(graph_cap_, nullptr, graph_plan_.data()));
-  if (scratch_.base != graph_workspace_base_) {
+  if (plan_.op.base != graph_workspace_base_) {
     return internal_error(
         "{}: the workspace moved after init_cuda_graph_state (an eager batch grew it); captured "
         "graphs would read a freed buffer, capture them again",

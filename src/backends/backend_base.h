@@ -1,7 +1,8 @@
-// The machinery the three backend families share: per-batch host planning into reused host
-// vectors, one upload into accounted device buffers, the absorbed path, the MHA paths (ragged,
-// one-shot, chunked prefix), the kv write and the static graph buffers. Families decide which
-// workspace backs the ops (op_workspace), which method a batch uses and when chunks are planned.
+// The machinery the three backend families share: per-batch host planning into one BatchPlan
+// (batch_plan.h), one upload into accounted device buffers, the absorbed path, the MHA paths
+// (ragged, one-shot, chunked prefix), the kv write and the static graph buffers. Families decide
+// which workspace backs the ops (op_workspace), which method a batch uses (and whether it falls
+// back) and when chunks are planned.
 // Device-agnostic: everything goes through the OpSet and the DeviceRuntime.
 #pragma once
 
@@ -13,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "backends/batch_plan.h"
 #include "mla/backend.h"
 #include "mla/upload_staging.h"
 #include "mla/workspace.h"
-#include "planning/chunked_prefix.h"
 #include "planning/forward_method.h"
 
 namespace mla::backends {
@@ -54,7 +55,8 @@ class BackendBase : public AttentionBackend {
 
   std::string_view name() const override { return name_; }
   const BackendOptions& options() const override { return options_; }
-  ForwardMethod forward_method() const override { return method_; }
+  ForwardMethod forward_method() const override { return plan_.method; }
+  bool fell_back() const override { return plan_.fell_back; }
   PlanDescription describe_plan() const override;
   const PlanningStats& planning_stats() const override { return stats_; }
   LatentKvPool* pool() const override { return pool_; }
@@ -81,28 +83,37 @@ class BackendBase : public AttentionBackend {
 
   const OpSet& ops() const { return *ops_; }
   bool graph_ready() const { return graph_ready_; }
+  // The plan of the batch last planned: what the layer calls read.
+  const BatchPlan& plan() const { return plan_; }
 
  protected:
   BackendBase(std::string name, const BackendContext& ctx, const OpSet* ops);
   // Checks the context (pool, model, op set) shared by every family.
   static StatusOr<const OpSet*> resolve_ops(const BackendContext& ctx, std::string_view who);
 
-  // The workspace the ops of a batch use: at least `needed` bytes (kOutOfWorkspace otherwise,
-  // or grown for on-demand families).
-  virtual StatusOr<WorkspaceView> op_workspace(std::size_t needed) = 0;
-  // Exclusive use of a shared workspace while a layer's ops run (empty for owned workspaces).
+  // The workspace the ops of a batch use (`fell_back`: of a batch that took the fallback,
+  // BatchPlan::fell_back): at least `needed` bytes (kOutOfWorkspace otherwise, or grown for
+  // on-demand families).
+  virtual StatusOr<WorkspaceView> op_workspace(std::size_t needed, bool fell_back) = 0;
+  // Exclusive use of the shared workspace of the plan's ops while a layer's ops run (empty for
+  // owned workspaces).
   virtual std::unique_lock<std::mutex> lock_op_workspace() { return {}; }
-  // Bytes at the start of the workspace that the ops never touch (chunked_mla's counters).
-  virtual std::size_t reserved_workspace_bytes() const { return 0; }
+  // Bytes at the start of that workspace that the ops never touch (chunked_mla's counters).
+  virtual std::size_t reserved_workspace_bytes(bool fell_back) const {
+    (void)fell_back;
+    return 0;
+  }
   // Scratch the absorbed op gets for a capacity (ondemand_mla sizes its split-KV partials).
   virtual std::size_t absorbed_op_workspace_bytes(const AttnCapacity& cap) const;
 
   // Validates the batch against the pool (writes nothing on error).
   Status validate(const ForwardBatch& batch) const;
-  // Eager planning of a validated batch for `method` into the growable buffers. Chunked MHA
-  // also plans the prefix chunks when plan_chunks is set (else init_mha_chunk_metadata does).
-  Status plan_eager(const ForwardBatch& batch, ForwardMethod method, bool plan_chunks);
-  // The chunked-prefix planner for the batch last planned by plan_eager.
+  // Eager planning of a validated batch into a new plan for `method` (and the fallback flag,
+  // both decided by the caller once for the batch) in the growable buffers. Chunked MHA also
+  // plans the prefix chunks when plan_chunks is set (else init_mha_chunk_metadata does).
+  Status plan_eager(const ForwardBatch& batch, ForwardMethod method, bool fell_back,
+                    bool plan_chunks);
+  // The chunked-prefix planner, into the plan of the batch last planned by plan_eager.
   Status plan_prefix_chunks(const ForwardBatch& batch);
 
   // Timing and counting around a planning call.
@@ -121,44 +132,24 @@ class BackendBase : public AttentionBackend {
   LatentKvPool* pool_ = nullptr;
   const OpSet* ops_ = nullptr;
   PlanningStats stats_;
-  ForwardMethod method_ = ForwardMethod::kAbsorbed;
-  ForwardMode mode_ = ForwardMode::kDecode;  // of the batch last planned
-  bool planned_ = false;                     // a batch has been planned
-  bool fell_back_ = false;
-  uint64_t batch_epoch_ = 0;  // +1 per planned batch
-  uint64_t chunk_epoch_ = 0;  // batch_epoch_ the prefix chunks were planned for
+  BatchPlan plan_;  // of the batch last planned (rebuilt in place per batch)
 
  private:
-  struct Host {  // reused across batches: no allocation once warm
-    std::vector<int32_t> req_rows, q_lens, kv_lens, prefix_lens, qo_indptr, kv_indptr;
-    std::vector<int32_t> out_cache_loc, slots, chunk_qo_indptr;
-    std::vector<std::byte> plan;
-  };
-  struct OpScratch {  // carved from op_workspace() for the batch last planned
-    void* op = nullptr;
-    std::size_t op_bytes = 0;
-    void* base = nullptr;  // workspace base the carve came from
-  };
-  struct ChunkScratch {        // carved from mha_chunk_kv_ (grown on demand)
-    int32_t* slots = nullptr;  // [num slots] chunk kv_indices or one-shot gather list
-    void* k = nullptr;         // bf16 [N, H, 192]
-    void* v = nullptr;         // bf16 [N, H, 128]
-    void* up_ws = nullptr;
-    std::size_t up_ws_bytes = 0;
-  };
-
-  Status collect(const ForwardBatch& batch);  // fills host_ from the batch
-  Status layout_op_scratch(std::size_t op_bytes);
-  Status layout_chunk_scratch(int64_t num_slots, int64_t kv_rows);
-  // What mha_chunk_kv holds: a slot list, up-projected k / v rows and the up-projection's
-  // workspace.
+  using KvRows = BatchPlan::KvRows;
+  Status collect(const ForwardBatch& batch);  // the plan's batch fields from the batch
+  // Op scratch of `op_bytes` from the workspace op_workspace(.., fell_back) gives.
+  StatusOr<BatchPlan::OpScratch> layout_op_scratch(std::size_t op_bytes, bool fell_back);
+  // KvRows for `kv_rows` rows (and a slot list of num_slots) carved from `buffer`.
+  Status layout_kv_rows(GrowableBuffer& buffer, int64_t num_slots, int64_t kv_rows, KvRows* rows);
+  // What mha_chunk_kv (and mha_new_kv, without slots) holds: a slot list, up-projected k / v rows
+  // and the up-projection's workspace.
   struct ChunkCarves {
     int num_heads = 0;
     int64_t num_slots = 0;
     int64_t kv_rows = 0;
     std::size_t up_bytes = 0;
   };
-  static void carve_chunk_scratch(WorkspaceCarver& c, const ChunkCarves& n, ChunkScratch* s);
+  static void carve_kv_rows(WorkspaceCarver& c, const ChunkCarves& n, KvRows* s);
   static std::size_t chunk_carves_bytes(const ChunkCarves& n);
   Status upload(void* dst, const void* src, std::size_t bytes);
   Status plan_absorbed(const AttnCapacity& cap, GrowableBuffer* eager_plan, void* graph_plan);
@@ -168,23 +159,11 @@ class BackendBase : public AttentionBackend {
   Status run_absorbed(const AttentionInputs& in, const AttentionOutputs& out,
                       const ExecContext& ctx);
   Status run_mha(const AttentionInputs& in, const AttentionOutputs& out, const ExecContext& ctx);
-  Status run_up_project(const AttentionInputs& in, const int32_t* slots, int64_t n,
-                        const ExecContext& ctx);
+  // Up-projects the latent rows of `slots` [n] of in.layer into rows.k / rows.v.
+  Status run_up_project(const AttentionInputs& in, const KvRows& rows, const int32_t* slots,
+                        int64_t n, const ExecContext& ctx);
   Status plan_graph(const ForwardBatch& batch, int padded_bs);
   void record_plan_ns(uint64_t ns);
-
-  Host host_;
-  planning::ChunkedPrefixPlan chunks_;
-  int batch_size_ = 0;
-  int64_t num_tokens_ = 0;  // T of the last plan (graph: padded)
-  int64_t kv_tokens_ = 0;   // sum of kv_len
-  int max_q_len_ = 1;
-  bool has_prefix_ = false;
-  AttnCapacity mha_cap_;
-  std::vector<AttnCapacity> chunk_caps_;
-  std::vector<std::size_t> chunk_plan_offsets_;  // into mha_chunk_plan_
-  OpScratch scratch_;
-  ChunkScratch chunk_scratch_;
 
   void* stream_ = nullptr;         // uploads are ordered on it (set_stream)
   UploadStaging staging_;          // "<name>.upload_staging[0|1]"  pinned host
@@ -192,11 +171,9 @@ class BackendBase : public AttentionBackend {
   GrowableBuffer mha_plan_;        // "<name>.mha_plan"  ragged / one-shot plan
   GrowableBuffer mha_chunk_plan_;  // "<name>.mha_chunk_plan"  one plan per prefix chunk
   GrowableBuffer indices_;         // "<name>.out_cache_loc"  i32 [T]
-  GrowableBuffer mha_chunk_kv_;    // "<name>.mha_chunk_kv"  ChunkScratch
+  GrowableBuffer mha_chunk_kv_;    // "<name>.mha_chunk_kv"  KvRows of a prefix chunk / one-shot
+  GrowableBuffer mha_new_kv_;      // "<name>.mha_new_kv"  KvRows of the new tokens
   GrowableBuffer lse_;             // "<name>.lse"  f32 [T, H] when the caller wants no lse
-  float* lse_dev_ = nullptr;
-  const void* absorbed_plan_dev_ = nullptr;  // eager or graph plan of the last batch
-  const int32_t* out_cache_loc_dev_ = nullptr;
 
   // Static graph state (init_cuda_graph_state): never reallocated by capture or replay.
   bool graph_ready_ = false;

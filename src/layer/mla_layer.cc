@@ -168,29 +168,16 @@ Status MlaLayer::forward_absorbed(AttentionBackend& backend, const TensorView& q
   return ops_->head_gemm->run(down, ctx);
 }
 
-// Cache write first, then k, v of the new tokens by up-projecting the just-written rows;
-// q = [q_nope | q_pe]; attention -> o.
+// q = [q_nope | q_pe]; the backend writes the cache, up-projects the latent rows its passes read
+// (the new tokens' and the prefix's: it owns the up-projection) and runs attention -> o.
 Status MlaLayer::forward_mha(AttentionBackend& backend, const TensorView& q_nope,
                              const TensorView& q_pe, const TensorView& c_kv, const TensorView& k_pe,
                              const TensorView& o, const TensorView& lse, const ExecContext& ctx) {
-  if (!ops_->up_project) {
-    return unsupported("mla layer: op set '{}' has no up_project", ops_->name);
-  }
   const int64_t T = q_nope.shape[0], H = dims_.num_heads;
-  MLA_RETURN_IF_ERROR(backend.save_kv_cache(layer_index_, c_kv, k_pe, ctx));
-  const std::size_t up_ws = ops_->up_project->workspace_bytes(T, static_cast<int>(H));
   const std::size_t qk_bytes = static_cast<std::size_t>(T * H * kQkDim) * 2;
-  const std::size_t v_bytes = static_cast<std::size_t>(T * H * kVDim) * 2;
   void* q_buf = nullptr;  // bf16 [T, H, 192]
-  void* k_buf = nullptr;  // bf16 [T, H, 192]
-  void* v_buf = nullptr;  // bf16 [T, H, 128]
-  void* ws = nullptr;     // the up-projection's workspace
-  MLA_RETURN_IF_ERROR(carve_buffer(scratch_, [&](WorkspaceCarver& c) {
-    q_buf = c.carve("q", qk_bytes);
-    k_buf = c.carve("k", qk_bytes);
-    v_buf = c.carve("v", v_bytes);
-    ws = c.carve("up_project", up_ws);
-  }));
+  MLA_RETURN_IF_ERROR(
+      carve_buffer(scratch_, [&](WorkspaceCarver& c) { q_buf = c.carve("q", qk_bytes); }));
 
   DeviceRuntime* rt = device_runtime(device_.type);
   if (T > 0) {
@@ -199,27 +186,14 @@ Status MlaLayer::forward_mha(AttentionBackend& backend, const TensorView& q_nope
         rt->copy_device_2d(q_buf, kQkDim * 2, q_nope.data, kNope * 2, kNope * 2, rows, ctx.stream));
     MLA_RETURN_IF_ERROR(rt->copy_device_2d(static_cast<uint16_t*>(q_buf) + kNope, kQkDim * 2,
                                            q_pe.data, kRope * 2, kRope * 2, rows, ctx.stream));
-    const KvPoolConfig& pc = backend.pool()->config();
-    UpProjectArgs up;
-    up.kv_cache = backend.pool()->layer_cache(layer_index_);
-    up.k_scale = pc.dtype == DType::kFP8E4M3 ? backend.pool()->k_scale(layer_index_) : 1.0f;
-    up.slots = backend.out_cache_loc();
-    up.kv_b_proj = kv_b_proj_;
-    up.k = TensorView(k_buf, DType::kBF16, device_, {T, H, kQkDim});
-    up.v = TensorView(v_buf, DType::kBF16, device_, {T, H, kVDim});
-    up.workspace = ws;
-    up.workspace_bytes = up_ws;
-    MLA_RETURN_IF_ERROR(ops_->up_project->run(up, ctx));
   }
   AttentionInputs in;
   in.layer = layer_index_;
   in.c_kv = c_kv;
   in.k_pe = k_pe;
-  in.save_kv_cache = false;  // written above
+  in.save_kv_cache = true;
   in.q = TensorView(q_buf, DType::kBF16, device_, {T, H, kQkDim});
-  in.k = TensorView(k_buf, DType::kBF16, device_, {T, H, kQkDim});
-  in.v = TensorView(v_buf, DType::kBF16, device_, {T, H, kVDim});
-  in.kv_b_proj = kv_b_proj_;
+  in.kv_b_proj = kv_b_proj_;  // no k, v: the backend up-projects the rows it writes
   AttentionOutputs out;
   out.o = o;
   out.lse = lse;

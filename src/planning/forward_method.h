@@ -1,8 +1,8 @@
 // Which form a batch uses, and the fallback rule of the chunked-prefix families (SYSTEM.md 5
 // and 6). Pure host functions over the batch and the options they read; they know no backend:
-// each backend picks its ExtendRule. The fallback rule lives here, once: the backends'
-// init_forward_metadata and init_mha_chunk_metadata and the method chooser all call
-// should_fall_back().
+// each backend picks its ExtendRule. The fallback rule lives here, once: the method chooser calls
+// should_fall_back(), and a backend's init_forward_metadata asks decide_batch_method() once per
+// batch and keeps the answer in the batch's plan (init_mha_chunk_metadata reads it there).
 #pragma once
 
 #include <cstdint>

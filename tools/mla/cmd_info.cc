@@ -116,7 +116,9 @@ json backend_memory(const std::string& name, Device device) {
   j["within_budget"] = total <= kReportBudgetBytes;
   // The worst case once extends run: the up-projected chunk buffer ("<backend>.mha_chunk_kv",
   // planned per batch) is at most BackendOptions::mha_chunk_kv_budget_bytes by construction,
-  // slot list and per-new-token partials included.
+  // slot list included. Not in it: the new tokens' up-projected rows of an MHA extend
+  // ("<backend>.mha_new_kv", H * 640 bytes per new token plus the up-projection's scratch), which
+  // grow with the batch's new tokens like the layers' activations.
   const std::size_t chunk_budget = ctx.options.mha_chunk_kv_budget_bytes;
   j["mha_chunk_kv_budget_bytes"] = chunk_budget;
   j["worst_case_bytes"] = total + chunk_budget;

@@ -2,6 +2,13 @@
 
 namespace mla::backends {
 
+StatusOr<std::unique_ptr<PagedFallback>> PagedFallback::create(const BackendOptions& options,
+                                                               std::string name) {
+  std::unique_ptr<PagedFallback> f(new PagedFallback(std::move(name)));
+  MLA_ASSIGN_OR_RETURN(f->workspace_, PagedMlaBackend::acquire_workspace(options, f->name_));
+  return f;
+}
+
 StatusOr<std::unique_ptr<ChunkedMlaBackend>> ChunkedMlaBackend::create(const BackendContext& ctx,
                                                                        ParentPolicy parent) {
   MLA_ASSIGN_OR_RETURN(const OpSet* ops, resolve_ops(ctx, "chunked_mla"));
@@ -13,26 +20,33 @@ StatusOr<std::unique_ptr<ChunkedMlaBackend>> ChunkedMlaBackend::create(const Bac
   WorkspaceSpec spec{"chunked_mla.workspace", ctx.options.device, bytes,
                      WorkspacePolicy::kSharedZeroed, kChunkedWorkspaceEnv};
   MLA_ASSIGN_OR_RETURN(b->workspace_, WorkspaceRegistry::global().acquire(spec, b->name()));
-  MLA_CHECK_CODE(StatusCode::kOutOfWorkspace, bytes > b->reserved_workspace_bytes(),
+  MLA_CHECK_CODE(StatusCode::kOutOfWorkspace, bytes > b->reserved_workspace_bytes(false),
                  "workspace 'chunked_mla.workspace' has {} bytes, its counters alone need {}; "
                  "set {}",
-                 bytes, b->reserved_workspace_bytes(), kChunkedWorkspaceEnv);
+                 bytes, b->reserved_workspace_bytes(false), kChunkedWorkspaceEnv);
   // Seed requirement 1: the fallback's parent resources exist from construction on when (and
   // only when) the configuration makes a fallback possible.
   if (parent == ParentPolicy::kAuto && planning::fallback_possible(method_options(ctx.options))) {
-    MLA_ASSIGN_OR_RETURN(b->parent_, PagedMlaBackend::create(ctx, "chunked_mla.fallback"));
+    MLA_ASSIGN_OR_RETURN(b->fallback_, PagedFallback::create(ctx.options, "chunked_mla.fallback"));
   }
   return b;
 }
 
-StatusOr<WorkspaceView> ChunkedMlaBackend::op_workspace(std::size_t) {
-  return WorkspaceView{workspace_->data(), workspace_->bytes(), workspace_->name(),
-                       workspace_->env_var()};
+StatusOr<WorkspaceView> ChunkedMlaBackend::op_workspace(std::size_t, bool fell_back) {
+  const SharedWorkspace& ws = on_fallback(fell_back) ? *fallback_->workspace_ : *workspace_;
+  return WorkspaceView{ws.data(), ws.bytes(), ws.name(), ws.env_var()};
+}
+
+std::unique_lock<std::mutex> ChunkedMlaBackend::lock_op_workspace() {
+  if (on_fallback(plan_.fell_back)) return fallback_->workspace_->lock_for_use();
+  return workspace_ ? workspace_->lock_for_use() : std::unique_lock<std::mutex>();
 }
 
 // Counters at the start of the zeroed workspace: one int32 per (request, head) at max_batch.
-// The ops get the bytes after them, so op scratch never touches the counters.
-std::size_t ChunkedMlaBackend::reserved_workspace_bytes() const {
+// The ops get the bytes after them, so op scratch never touches the counters. The fallback's
+// workspace has none.
+std::size_t ChunkedMlaBackend::reserved_workspace_bytes(bool fell_back) const {
+  if (on_fallback(fell_back)) return 0;
   return align_workspace(static_cast<std::size_t>(options_.max_batch) *
                          static_cast<std::size_t>(options_.model.num_heads) * sizeof(int32_t));
 }
@@ -41,16 +55,11 @@ ForwardMethod ChunkedMlaBackend::choose_forward_method(const ForwardBatch& batch
   return planning::choose_forward_method(kExtendRule, method_options(options_), batch);
 }
 
-ForwardMethod ChunkedMlaBackend::forward_method() const {
-  return delegated() ? parent_->forward_method() : method_;
-}
-
 PlanDescription ChunkedMlaBackend::describe_plan() const {
-  if (!delegated()) return BackendBase::describe_plan();
-  PlanDescription d = parent_->describe_plan();
-  d.details.insert(d.details.begin(), {"planned by", std::string(parent_->name())});
-  d.backend = name_;
-  d.fell_back = true;
+  PlanDescription d = BackendBase::describe_plan();
+  if (plan_.epoch != 0 && on_fallback(plan_.fell_back)) {
+    d.details.insert(d.details.begin(), {"planned by", std::string(fallback_->name())});
+  }
   return d;
 }
 
@@ -58,63 +67,51 @@ Status ChunkedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {
   PlanTimer timer(this);
   ++stats_.init_forward_metadata_calls;
   MLA_RETURN_IF_ERROR(validate(batch));
-  // Decided afresh for every batch, so an extend's fallback never leaks into the next batch; the
-  // fallback rule is asked once for both the fallback and the method.
+  // Decided once for the batch and kept in its plan, so an extend's fallback never leaks into
+  // the next batch and no later call asks the rule again.
   const planning::BatchMethod d =
       planning::decide_batch_method(kExtendRule, method_options(options_), batch);
-  fell_back_ = d.fell_back;
-  if (fell_back_) {
-    ++stats_.fallbacks;
-    if (parent_) {
-      ++batch_epoch_;
-      method_ = ForwardMethod::kAbsorbed;
-      return parent_->init_forward_metadata(batch);
-    }
-    if (!falls_back_locally()) {
-      return internal_error(
-          "chunked_mla: the batch falls back to paged_mla's absorbed prefill, but the paged_mla "
-          "resources were not created (they are created at construction when "
-          "disable_chunked_prefix_cache, piecewise_cuda_graph or batch_invariant is set)");
-    }
-    return plan_eager(batch, ForwardMethod::kAbsorbed, false);
+  if (d.fell_back && fallback_ == nullptr && !falls_back_locally()) {
+    return internal_error(
+        "chunked_mla: the batch falls back to paged_mla's absorbed prefill, but the paged_mla "
+        "resources were not created (they are created at construction when "
+        "disable_chunked_prefix_cache, piecewise_cuda_graph or batch_invariant is set)");
   }
-  return plan_eager(batch, d.method, /*plan_chunks=*/true);
+  if (!d.fell_back) return plan_eager(batch, d.method, false, /*plan_chunks=*/true);
+  ++stats_.fallbacks;
+  const PlanningStats before = stats_;
+  MLA_RETURN_IF_ERROR(plan_eager(batch, d.method, true, /*plan_chunks=*/false));
+  if (fallback_ != nullptr) {
+    PlanningStats& f = fallback_->stats_;
+    ++f.init_forward_metadata_calls;
+    f.absorbed_plans += stats_.absorbed_plans - before.absorbed_plans;
+  }
+  return Status::Ok();
 }
 
 Status ChunkedMlaBackend::init_mha_chunk_metadata(const ForwardBatch& batch, bool disable_ragged) {
+  (void)disable_ragged;  // the parent's flag: its ragged pass is planned by init_forward_metadata
   ++stats_.mha_chunk_metadata_calls;
-  // Seed requirement 2: the one fallback rule decides; outside a fallback there is nothing to do
-  // (the chunks were planned by init_forward_metadata).
-  if (!planning::should_fall_back(method_options(options_), batch)) {
+  // Seed requirement 2: the batch's plan says whether it fell back; outside a fallback there is
+  // nothing to do (the chunks were planned by init_forward_metadata).
+  if (plan_.epoch == 0 || !plan_.fell_back) {
     ++stats_.mha_chunk_metadata_skipped;
     return Status::Ok();
   }
-  if (parent_ == nullptr) return Status::Ok();  // no parent planner: nothing to delegate to
-  return parent_->init_mha_chunk_metadata(batch, disable_ragged);
-}
-
-Status ChunkedMlaBackend::forward_extend(const AttentionInputs& in, const AttentionOutputs& out,
-                                         const ExecContext& ctx) {
-  if (delegated()) return parent_->forward_extend(in, out, ctx);
-  return BackendBase::forward_extend(in, out, ctx);
-}
-
-Status ChunkedMlaBackend::save_kv_cache(int layer, const TensorView& c_kv, const TensorView& k_pe,
-                                        const ExecContext& ctx) {
-  if (delegated()) return parent_->save_kv_cache(layer, c_kv, k_pe, ctx);
-  return BackendBase::save_kv_cache(layer, c_kv, k_pe, ctx);
-}
-
-TensorView ChunkedMlaBackend::out_cache_loc() const {
-  return delegated() ? parent_->out_cache_loc() : BackendBase::out_cache_loc();
-}
-
-Status ChunkedMlaBackend::init_cuda_graph_state(int max_bs, int64_t max_num_tokens) {
-  MLA_RETURN_IF_ERROR(BackendBase::init_cuda_graph_state(max_bs, max_num_tokens));
-  // Piecewise graphs run extends through the fallback: its static buffers exist before capture.
-  if (parent_ && options_.piecewise_cuda_graph) {
-    MLA_RETURN_IF_ERROR(parent_->init_cuda_graph_state(max_bs, max_num_tokens));
-  }
+  MLA_CHECK_ARG(batch.mode == plan_.mode && batch.batch_size == plan_.batch_size,
+                "chunked_mla: init_mha_chunk_metadata got a {} batch of {} requests, but the "
+                "batch planned last is a {} batch of {} (pass the batch init_forward_metadata "
+                "planned)",
+                forward_mode_name(batch.mode), batch.batch_size, forward_mode_name(plan_.mode),
+                plan_.batch_size);
+  if (fallback_ == nullptr) return Status::Ok();  // no parent planner: nothing to delegate to
+  MLA_RETURN_IF_ERROR(validate(batch));
+  PlanningStats& f = fallback_->stats_;
+  ++f.mha_chunk_metadata_calls;
+  const uint64_t chunks_before = stats_.chunks_planned;
+  MLA_RETURN_IF_ERROR(plan_prefix_chunks(batch));
+  ++f.mha_chunk_plans;
+  f.chunks_planned += stats_.chunks_planned - chunks_before;
   return Status::Ok();
 }
 

@@ -1,12 +1,16 @@
 // chunked_mla (the TRT-LLM-MLA role, derived from paged_mla's role): its own absorbed decode
 // path, the chunked-prefix MHA form for every extend (planned inside init_forward_metadata), and
-// its own process-global zero-initialised workspace. Falls back to paged_mla's absorbed paged
-// prefill when planning::should_fall_back() says so; the paged_mla resources that fallback needs
-// are created at construction when the configuration makes a fallback possible, never otherwise
-// and never lazily.
+// its own process-global zero-initialised workspace. A batch for which
+// planning::decide_batch_method says so falls back to paged_mla's absorbed paged prefill: the
+// decision is a field of the batch's plan (BatchPlan::fell_back), and the batch is planned into
+// that plan like any other, its ops running in the fallback's resources (PagedFallback below:
+// paged_mla's shared workspace). Those resources are created at construction when the
+// configuration makes a fallback possible, never otherwise and never lazily.
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "backends/backend_base.h"
 #include "backends/paged_mla/paged_mla.h"
@@ -19,56 +23,68 @@ namespace mla::backends {
 // (34.7 MB of split-KV partials on a 132-SM H200 at 128 heads, q_len 1).
 inline constexpr std::size_t kDefaultChunkedWorkspaceBytes = 40u << 20;
 
+// What chunked_mla's fallback runs on (SYSTEM.md 5, seed requirement 1): the parent's resources,
+// i.e. the shared not-zeroed "paged_mla.workspace" (the fallback's absorbed kernels write
+// partials there, never into the zeroed workspace), held under the name "chunked_mla.fallback",
+// and the parent planner's counters. Not a backend: it plans nothing and holds no batch.
+class PagedFallback {
+ public:
+  static StatusOr<std::unique_ptr<PagedFallback>> create(const BackendOptions& options,
+                                                         std::string name);
+  std::string_view name() const { return name_; }
+  const SharedWorkspace& workspace() const { return *workspace_; }
+  // The planning done for batches that fell back (their plans' absorbed and MHA passes) and the
+  // parent planner's prefix chunks (init_mha_chunk_metadata of such a batch). The backend's own
+  // planning_stats() count the same work too: the plans are its own.
+  const PlanningStats& planning_stats() const { return stats_; }
+
+ private:
+  friend class ChunkedMlaBackend;
+  explicit PagedFallback(std::string name) : name_(std::move(name)) {}
+  std::string name_;
+  std::shared_ptr<SharedWorkspace> workspace_;
+  PlanningStats stats_;
+};
+
 class ChunkedMlaBackend : public BackendBase {
  public:
   // How it (and ondemand_mla) computes plain extends; family_forward_method reads it.
   static constexpr planning::ExtendRule kExtendRule = planning::ExtendRule::kChunkedUnlessFallback;
-  // kAuto: create the paged_mla fallback resources iff a fallback is possible. kNever: tests
-  // only, to prove the backend copes with an absent parent planner.
+  // kAuto: create the fallback's resources iff a fallback is possible. kNever: tests only, to
+  // prove the backend copes with an absent parent planner.
   enum class ParentPolicy : uint8_t { kAuto, kNever };
   static StatusOr<std::unique_ptr<ChunkedMlaBackend>> create(
       const BackendContext& ctx, ParentPolicy parent = ParentPolicy::kAuto);
 
+  // Decides the batch's method and fallback once (planning::decide_batch_method) and plans it.
   Status init_forward_metadata(const ForwardBatch& batch) override;
-  // Does nothing unless the batch falls back; then delegates to the parent planner if it
-  // exists. disable_ragged is the parent's flag: passed through, otherwise ignored.
+  // Does nothing unless the planned batch fell back (its plan says so); then, if the parent
+  // planner's resources exist, plans the batch's prefix chunks as the parent's planner would.
+  // disable_ragged is the parent's flag: accepted, otherwise ignored. `batch` must be the batch
+  // init_forward_metadata planned (kInvalidArgument otherwise, for a batch that fell back).
   Status init_mha_chunk_metadata(const ForwardBatch& batch, bool disable_ragged = false) override;
   ForwardMethod choose_forward_method(const ForwardBatch& batch) const override;
-  ForwardMethod forward_method() const override;
-  bool fell_back() const override { return fell_back_; }
-  // The parent's plan when the batch was delegated to it, else the own.
+  // The plan's description, naming the fallback when the batch took it.
   PlanDescription describe_plan() const override;
 
-  Status forward_extend(const AttentionInputs& in, const AttentionOutputs& out,
-                        const ExecContext& ctx) override;
-  Status save_kv_cache(int layer, const TensorView& c_kv, const TensorView& k_pe,
-                       const ExecContext& ctx) override;
-  TensorView out_cache_loc() const override;
-  Status init_cuda_graph_state(int max_bs, int64_t max_num_tokens) override;
-  void set_stream(void* stream) override {
-    BackendBase::set_stream(stream);
-    if (parent_) parent_->set_stream(stream);
-  }
-
-  // The paged_mla instance serving the fallback, or nullptr.
-  const PagedMlaBackend* parent() const { return parent_.get(); }
+  // The fallback's resources (paged_mla's role as the parent), or nullptr when the
+  // configuration cannot fall back (or ParentPolicy::kNever, or ondemand_mla).
+  const PagedFallback* parent() const { return fallback_.get(); }
 
  protected:
   ChunkedMlaBackend(std::string name, const BackendContext& ctx, const OpSet* ops)
       : BackendBase(std::move(name), ctx, ops) {}
-  StatusOr<WorkspaceView> op_workspace(std::size_t needed) override;
-  std::unique_lock<std::mutex> lock_op_workspace() override {
-    return workspace_ ? workspace_->lock_for_use() : std::unique_lock<std::mutex>();
-  }
-  std::size_t reserved_workspace_bytes() const override;
-  // ondemand_mla runs its fallback on its own absorbed path instead of a paged_mla parent.
+  StatusOr<WorkspaceView> op_workspace(std::size_t needed, bool fell_back) override;
+  std::unique_lock<std::mutex> lock_op_workspace() override;
+  std::size_t reserved_workspace_bytes(bool fell_back) const override;
+  // ondemand_mla runs its fallback on its own workspace: it needs no PagedFallback.
   virtual bool falls_back_locally() const { return false; }
 
-  std::unique_ptr<PagedMlaBackend> parent_;
-
  private:
-  bool delegated() const { return fell_back_ && parent_ != nullptr; }
+  // Whether the plan's ops run in the fallback's workspace.
+  bool on_fallback(bool fell_back) const { return fell_back && fallback_ != nullptr; }
   std::shared_ptr<SharedWorkspace> workspace_;
+  std::unique_ptr<PagedFallback> fallback_;
 };
 
 }  // namespace mla::backends

@@ -12,7 +12,7 @@ StatusOr<std::unique_ptr<OndemandMlaBackend>> OndemandMlaBackend::create(
   return std::unique_ptr<OndemandMlaBackend>(new OndemandMlaBackend(ctx, ops));
 }
 
-StatusOr<WorkspaceView> OndemandMlaBackend::op_workspace(std::size_t needed) {
+StatusOr<WorkspaceView> OndemandMlaBackend::op_workspace(std::size_t needed, bool) {
   MLA_RETURN_IF_ERROR(workspace_.reserve(needed));  // grows only when needed > capacity
   return WorkspaceView{workspace_.data(), workspace_.capacity(), workspace_.name(), {}};
 }

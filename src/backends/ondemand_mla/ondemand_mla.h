@@ -25,8 +25,9 @@ class OndemandMlaBackend : public ChunkedMlaBackend {
   const GrowableBuffer& workspace() const { return workspace_; }
 
  protected:
-  StatusOr<WorkspaceView> op_workspace(std::size_t needed) override;
-  std::size_t reserved_workspace_bytes() const override { return 0; }
+  // Fallback batches too: their plans run on this workspace.
+  StatusOr<WorkspaceView> op_workspace(std::size_t needed, bool fell_back) override;
+  std::size_t reserved_workspace_bytes(bool) const override { return 0; }
   bool falls_back_locally() const override { return true; }
 
  private:

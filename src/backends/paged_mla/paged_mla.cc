@@ -4,20 +4,25 @@
 
 namespace mla::backends {
 
+StatusOr<std::shared_ptr<SharedWorkspace>> PagedMlaBackend::acquire_workspace(
+    const BackendOptions& options, std::string_view user) {
+  MLA_ASSIGN_OR_RETURN(const std::size_t bytes,
+                       resolve_workspace_bytes(options.paged_workspace_bytes, kPagedWorkspaceEnv,
+                                               kDefaultPagedWorkspaceBytes));
+  WorkspaceSpec spec{"paged_mla.workspace", options.device, bytes, WorkspacePolicy::kSharedLazy,
+                     kPagedWorkspaceEnv};
+  return WorkspaceRegistry::global().acquire(spec, user);
+}
+
 StatusOr<std::unique_ptr<PagedMlaBackend>> PagedMlaBackend::create(const BackendContext& ctx,
                                                                    std::string instance_name) {
   MLA_ASSIGN_OR_RETURN(const OpSet* ops, resolve_ops(ctx, instance_name));
-  MLA_ASSIGN_OR_RETURN(const std::size_t bytes,
-                       resolve_workspace_bytes(ctx.options.paged_workspace_bytes,
-                                               kPagedWorkspaceEnv, kDefaultPagedWorkspaceBytes));
   std::unique_ptr<PagedMlaBackend> b(new PagedMlaBackend(std::move(instance_name), ctx, ops));
-  WorkspaceSpec spec{"paged_mla.workspace", ctx.options.device, bytes, WorkspacePolicy::kSharedLazy,
-                     kPagedWorkspaceEnv};
-  MLA_ASSIGN_OR_RETURN(b->workspace_, WorkspaceRegistry::global().acquire(spec, b->name()));
+  MLA_ASSIGN_OR_RETURN(b->workspace_, acquire_workspace(ctx.options, b->name()));
   return b;
 }
 
-StatusOr<WorkspaceView> PagedMlaBackend::op_workspace(std::size_t) {
+StatusOr<WorkspaceView> PagedMlaBackend::op_workspace(std::size_t, bool) {
   return WorkspaceView{workspace_->data(), workspace_->bytes(), workspace_->name(),
                        workspace_->env_var()};
 }
@@ -30,8 +35,8 @@ Status PagedMlaBackend::init_forward_metadata(const ForwardBatch& batch) {
   PlanTimer timer(this);
   ++stats_.init_forward_metadata_calls;
   MLA_RETURN_IF_ERROR(validate(batch));
-  fell_back_ = false;
-  return plan_eager(batch, choose_forward_method(batch), /*plan_chunks=*/false);
+  return plan_eager(batch, choose_forward_method(batch), /*fell_back=*/false,
+                    /*plan_chunks=*/false);
 }
 
 Status PagedMlaBackend::init_mha_chunk_metadata(const ForwardBatch& batch, bool disable_ragged) {

@@ -34,9 +34,14 @@ class PagedMlaBackend : public BackendBase {
   ForwardMethod choose_forward_method(const ForwardBatch& batch) const override;
 
   const SharedWorkspace& workspace() const { return *workspace_; }
+  // The shared "paged_mla.workspace" of `options.device` (created by its first user, sized by
+  // options.paged_workspace_bytes, MLA_PAGED_WORKSPACE_BYTES or the default), held for `user`:
+  // every paged_mla instance's, and chunked_mla's fallback's.
+  static StatusOr<std::shared_ptr<SharedWorkspace>> acquire_workspace(const BackendOptions& options,
+                                                                      std::string_view user);
 
  protected:
-  StatusOr<WorkspaceView> op_workspace(std::size_t needed) override;
+  StatusOr<WorkspaceView> op_workspace(std::size_t needed, bool fell_back) override;
   std::unique_lock<std::mutex> lock_op_workspace() override {
     return workspace_ ? workspace_->lock_for_use() : std::unique_lock<std::mutex>();
   }
