@@ -59,7 +59,7 @@ if [ -n "${GPU_ANCHORS_DIR:-}" ]; then
     rep="/tmp/ncu_$impl"
     (cd "$GPU_ANCHORS_DIR" && ANCHOR_BUILD=/tmp/mla-anchor-build FA3_BUILD=/tmp/mla-fa3-build \
       timeout "${GPU_NCU_TIMEOUT:-150}" ncu --set detailed --import-source no \
-      --metrics "$metrics" --kernel-name regex:'splitkv_mla|FlashAttnFwd' --launch-skip 4 \
+      --metrics "$metrics" --kernel-name regex:'splitkv_mla|FlashAttnFwd|device_kernel' --launch-skip 4 \
       --launch-count 1 -o "$rep" -f python3 "$root/bench/anchors/one_shape.py" "$impl") > "$OUT/ncu_$impl.log" 2>&1
     echo "$impl: ncu rc=$?" >> "$OUT/ncu_top.txt"
     export_csv "$impl" "$rep"

@@ -194,8 +194,11 @@ TEST_F(AbsorbedDevice, SplitScheduleFp8MatchesReference) {
 
 // The error a user buys with an fp8 cache on the sm90 kernel (as CpuAbsorbed's test of the same
 // name on the cpu op): a bf16 cache quantised with the engines' per-tensor scale
-// (quantize_to_fp8), run on the device, against the float64 reference of the bf16 cache; the
-// same bounds (relative RMS of o 0.05, lse 2e-3 absolute; the cpu op measures 0.027 / 5.7e-4).
+// (quantize_to_fp8), run on the device, against the float64 reference of the bf16 cache. o: the
+// cpu test's bound (relative RMS 0.05; the cpu op measures 0.027). lse: what the quantisation
+// alone moves it (the two float64 references, this problem: 384 rows of up to 3000 keys) plus
+// 2e-3 for the kernel; a flat 2e-3 (the cpu test's, on 16 heads) failed on an H100 at 0.0024
+// (2026-12-07) where the quantisation alone accounts for most of it.
 TEST_F(AbsorbedDevice, Fp8CacheErrorAgainstTheBf16CacheIsBounded) {
   for (int heads : {16, 128}) {
     for (int page : {1, 64}) {
@@ -206,6 +209,13 @@ TEST_F(AbsorbedDevice, Fp8CacheErrorAgainstTheBf16CacheIsBounded) {
       d.cache = quantize_to_fp8(d.cache, d.layout);
       d.cache_dtype = DType::kFP8E4M3;
       d.k_scale = d.cache.k_scale;
+      const RefAttention ref_fp8 = reference_of(d);
+      double quant_lse = 0;  // max |lse| moved by the quantisation alone
+      for (std::size_t i = 0; i < ref_bf16.lse.size(); ++i) {
+        if (std::isfinite(ref_bf16.lse[i])) {
+          quant_lse = std::max(quant_lse, std::fabs(ref_fp8.lse[i] - ref_bf16.lse[i]));
+        }
+      }
       AttnCapacity cap{4, 8, 0, 2, heads};
       std::vector<std::byte> plan(op_->plan_bytes(cap));
       AbsorbedProblem p{heads, page, true, d.batch.rows, d.batch.q_lens, d.batch.kv_lens};
@@ -222,10 +232,11 @@ TEST_F(AbsorbedDevice, Fp8CacheErrorAgainstTheBf16CacheIsBounded) {
         lse_err = std::max(lse_err, std::fabs(lse_h[i] - ref_bf16.lse[i]));
       }
       const double rel = std::sqrt(err2 / ref2);
-      std::printf("%s: fp8 o rel RMS vs bf16 cache %.3g, lse max abs %.3g\n", what.c_str(), rel,
-                  lse_err);
+      std::printf(
+          "%s: fp8 o rel RMS vs bf16 cache %.3g, lse max abs %.3g (quantisation alone %.3g)\n",
+          what.c_str(), rel, lse_err, quant_lse);
       EXPECT_LT(rel, 0.05) << what;
-      EXPECT_LT(lse_err, 2e-3) << what;
+      EXPECT_LT(lse_err, quant_lse + 2e-3) << what;
       expect_matches_reference(d, o_h, lse_h, what);  // and the kernel's own error, as always
     }
   }
