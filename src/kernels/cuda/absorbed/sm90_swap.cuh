@@ -58,8 +58,12 @@ inline constexpr int kRawBlockBytes = kSwapKeys * 64;           // [128 keys][64
 inline constexpr int kRawTileBytes = kBlocks * kRawBlockBytes;  // 73,728
 inline constexpr int kQBlockBytes = kSwapN * 128;               // [32 rows][128 B] bf16
 inline constexpr int kPBlockBytes = kSwapN * 128;               // 64 keys of P^T
-inline constexpr int kProducerRegs = 48;
-inline constexpr int kConsumerRegs = 232;  // 128 x (48 + 2 x 232) = 65,536
+// setmaxnreg budgets: their sum is the launch's 3 x 168 registers per thread slot (65,536 /
+// 384, rounded down to 8), the pool the consumers' setmaxnreg.inc draws from.
+inline constexpr int kProducerRegs = 56;
+inline constexpr int kSRegs = 216;   // warpgroup 0: S^T accumulators and fragments, softmax
+inline constexpr int kPvRegs = 232;  // warpgroup 1: 128 O^T accumulators, fragments
+static_assert(kProducerRegs + kSRegs + kPvRegs == 3 * 168);
 static_assert(kSwapKeys == 128 && kSwapN == 32, "the fragment maps below are for these");
 
 using StageState = PipelineState<kStages>;
@@ -314,6 +318,233 @@ __device__ __forceinline__ unsigned char* swap_smem() {
   return sm90_smem + (((a + 1023u) & ~1023u) - a);
 }
 
+// Warpgroup 0 over the CTA's units: S^T, the softmax, P^T and the row sums of each pass.
+__device__ __forceinline__ void consume_s(const AbsorbedParams& p) {
+  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
+  const int tw = threadIdx.x & 127, w = tw >> 5, lane = threadIdx.x & 31;
+  unsigned char* smem = swap_smem();
+  const Smem sm{smem, smem_u32(smem)};
+  const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
+  const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
+  const int u_begin = cta_begin[blockIdx.x], u_end = cta_begin[blockIdx.x + 1];
+  SharedStorage& ss = sm.ss();
+  StageState ring;  // tiles consumed (both consumer warpgroups count alike)
+  Handoff sums;     // passes handed over
+  for (int ui = u_begin; ui < u_end; ++ui) {
+    const WorkUnit u = units[ui];
+    const int n_tiles = swap_tiles(u), passes = swap_passes(u);
+    for (int pass = 0; pass < passes; ++pass) {
+      const int row0 = pass * kSwapN;
+      const float ln2 = 0.69314718055994530942f;
+      // ---- warpgroup 0: S^T, softmax, P^T --------------------------------------------------
+      float m[8], l[8];
+      int lim[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        m[c] = -INFINITY;
+        l[c] = 0.f;
+        const int r = row0 + column_of(c, lane);
+        const int query = (u.row_in_req + r) / h.num_heads;
+        const int causal_end = h.causal ? u.kv_len - u.q_len + query + 1 : u.kv_len;
+        lim[c] = min(causal_end, u.kv_end);
+      }
+      if (n_tiles > 0) load_q_swapped(p, sm, u, row0, tw);
+      for (int t = 0; t < n_tiles; ++t, ring.advance()) {
+        const int s = ring.stage(), g = ring.count, pb = g & 1;
+        const int key0 = u.kv_begin + t * kSwapKeys;
+        mbar_wait(sm.full(s), ring.phase());
+        float acc[2][16];
+        s_tile(acc, sm, s, w, lane);
+        wgmma_wait<0>();
+        fence_regs(acc[0]);
+        fence_regs(acc[1]);
+        mbar_arrive(sm.empty(s));  // this warpgroup's reads of the tile are done
+
+        // Scale, mask, column maxima: value acc[mh][4 j + i] is key 64 mh + 16 w + lane / 4 +
+        // 8 (i / 2) of the tile, column slot c = 2 j + i % 2.
+        float cmax[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) cmax[c] = -INFINITY;
+#pragma unroll
+        for (int mh = 0; mh < 2; ++mh)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int c = 2 * j + (i & 1);
+              const int key = key0 + 64 * mh + 16 * w + (lane >> 2) + 8 * (i >> 1);
+              float v = acc[mh][4 * j + i] * p.scale_log2;
+              if (key >= lim[c]) v = -INFINITY;
+              acc[mh][4 * j + i] = v;
+              cmax[c] = fmaxf(cmax[c], v);
+            }
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          cmax[c] = fmaxf(cmax[c], __shfl_xor_sync(0xffffffffu, cmax[c], 4));
+          cmax[c] = fmaxf(cmax[c], __shfl_xor_sync(0xffffffffu, cmax[c], 8));
+          cmax[c] = fmaxf(cmax[c], __shfl_xor_sync(0xffffffffu, cmax[c], 16));
+        }
+        if ((lane >> 2) == 0) {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) ss.colmax[pb][w][column_of(c, lane)] = cmax[c];
+        }
+        bar_sync(kWg0Sync, 128);
+        float alpha[8], m_use[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const int n = column_of(c, lane);
+          const float tmax = fmaxf(fmaxf(ss.colmax[pb][0][n], ss.colmax[pb][1][n]),
+                                   fmaxf(ss.colmax[pb][2][n], ss.colmax[pb][3][n]));
+          const float m_new = fmaxf(m[c], tmax);
+          m_use[c] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[c] = exp2f(m[c] - m_use[c]);  // m = -inf -> 0
+          m[c] = m_new;
+          l[c] *= alpha[c];
+        }
+        // P^T buffer pb was read by warpgroup 1's O^T of tile g - 2.
+        if (g >= 2) mbar_wait(sm.p_free(pb), PipelineState<2>{g - 2}.phase());
+        unsigned char* pt = sm.p_ptr(pb);
+#pragma unroll
+        for (int mh = 0; mh < 2; ++mh)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int c = 2 * j + (i & 1);
+              const float pr = exp2f(acc[mh][4 * j + i] - m_use[c]);
+              l[c] += pr;
+              const int kp = 16 * w + (lane >> 2) + 8 * (i >> 1);  // key in the half
+              const int byte = (kp >> 4) * 32 + 2 * pv_slot(kp & 15);
+              *reinterpret_cast<__nv_bfloat16*>(pt + mh * kPBlockBytes +
+                                                sw128_offset(column_of(c, lane), byte >> 4) +
+                                                (byte & 15)) = __float2bfloat16_rn(pr * 0x1p120f);
+            }
+        if (w == 0 && (lane >> 2) == 0) {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) ss.alpha[pb][column_of(c, lane)] = alpha[c];
+        }
+        fence_proxy_async();  // P^T stores -> warpgroup 1's wgmma
+        mbar_arrive(sm.p_ready(pb));
+      }
+      // The pass's row sums: the thread's partials over its keys, then the lanes, then warps.
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
+        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
+        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
+      }
+      if ((lane >> 2) == 0) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) ss.colsum[w][column_of(c, lane)] = l[c];
+      }
+      bar_sync(kWg0Sync, 128);
+      if (sums.count > 0) mbar_wait(sm.sums_free(), Handoff{sums.count - 1}.phase());
+      if (w == 0 && (lane >> 2) == 0) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const int n = column_of(c, lane), r = row0 + n;
+          const float sum = ss.colsum[0][n] + ss.colsum[1][n] + ss.colsum[2][n] + ss.colsum[3][n];
+          ss.inv[n] = sum > 0.f ? p.o_scale / sum : 0.f;  // o_scale: k_scale
+          if (r < u.num_rows) {
+            const float lse = sum > 0.f ? (m[c] + log2f(sum)) * ln2 : -INFINITY;
+            if (u.partial < 0) {
+              p.lse[static_cast<int64_t>(u.q_row_begin) + r] = lse;
+            } else {
+              p.partial_lse[static_cast<int64_t>(u.partial) * kMaxRows + r] = lse;
+            }
+          }
+        }
+      }
+      mbar_arrive(sm.sums_ready());
+      sums.advance();
+      // colsum is read above by warp 0 before any warp writes the next pass's.
+      bar_sync(kWg0Sync, 128);
+    }
+  }
+}
+
+// Warpgroup 1 over the CTA's units: O^T and the output of each pass.
+__device__ __forceinline__ void consume_pv(const AbsorbedParams& p) {
+  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
+  const int tw = threadIdx.x & 127, w = tw >> 5, lane = threadIdx.x & 31;
+  unsigned char* smem = swap_smem();
+  const Smem sm{smem, smem_u32(smem)};
+  const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
+  const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
+  const int u_begin = cta_begin[blockIdx.x], u_end = cta_begin[blockIdx.x + 1];
+  SharedStorage& ss = sm.ss();
+  StageState ring;  // tiles consumed (both consumer warpgroups count alike)
+  Handoff sums;     // passes handed over
+  for (int ui = u_begin; ui < u_end; ++ui) {
+    const WorkUnit u = units[ui];
+    const int n_tiles = swap_tiles(u), passes = swap_passes(u);
+    for (int pass = 0; pass < passes; ++pass) {
+      const int row0 = pass * kSwapN;
+      // ---- warpgroup 1: O^T ------------------------------------------------------------------
+      float o[kSwapMTiles][16];
+#pragma unroll
+      for (int mt = 0; mt < kSwapMTiles; ++mt)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) o[mt][i] = 0.f;
+      for (int t = 0; t < n_tiles; ++t, ring.advance()) {
+        const int s = ring.stage(), g = ring.count, pb = g & 1;
+        mbar_wait(sm.p_ready(pb), PipelineState<2>{g}.phase());
+        mbar_wait(sm.full(s), ring.phase());
+        fence_proxy_async();
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const float f = ss.alpha[pb][column_of(c, lane)];
+#pragma unroll
+          for (int mt = 0; mt < kSwapMTiles; ++mt) {
+            o[mt][4 * (c >> 1) + (c & 1)] *= f;
+            o[mt][4 * (c >> 1) + 2 + (c & 1)] *= f;
+          }
+        }
+        pv_tile(o, sm, s, pb, u.kv_end - (u.kv_begin + t * kSwapKeys), w, lane);
+        mbar_arrive(sm.empty(s));  // this warpgroup's reads of the tile are done
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mt = 0; mt < kSwapMTiles; ++mt) fence_regs(o[mt]);
+        mbar_arrive(sm.p_free(pb));
+      }
+      mbar_wait(sm.sums_ready(), sums.phase());
+      float inv[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) inv[c] = ss.inv[column_of(c, lane)];
+      mbar_arrive(sm.sums_free());
+      sums.advance();
+      // Row n = row0 + column_of(c): its 16 dims 16 dgrp .. + 16 (pv_dim: byte 2 mt + hi).
+      const int dgrp = 8 * w + (lane >> 2);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int r = row0 + column_of(c, lane);
+        if (r >= u.num_rows) continue;
+        float v[16];
+#pragma unroll
+        for (int mt = 0; mt < kSwapMTiles; ++mt) {
+          v[2 * mt + 0] = o[mt][4 * (c >> 1) + (c & 1)] * inv[c];
+          v[2 * mt + 1] = o[mt][4 * (c >> 1) + 2 + (c & 1)] * inv[c];
+        }
+        if (u.partial < 0) {
+          uint4* dst = reinterpret_cast<uint4*>(
+              p.o + (static_cast<int64_t>(u.q_row_begin) + r) * kDimV + 16 * dgrp);
+          dst[0] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]),
+                              pack_bf16(v[6], v[7]));
+          dst[1] = make_uint4(pack_bf16(v[8], v[9]), pack_bf16(v[10], v[11]),
+                              pack_bf16(v[12], v[13]), pack_bf16(v[14], v[15]));
+        } else {
+          float4* dst = reinterpret_cast<float4*>(
+              p.partial_o + (static_cast<int64_t>(u.partial) * kMaxRows + r) * kDimV + 16 * dgrp);
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            dst[x] = make_float4(v[4 * x], v[4 * x + 1], v[4 * x + 2], v[4 * x + 3]);
+          }
+        }
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ void swap_fp8(const AbsorbedParams& p) {
   {  // barriers; nothing computed here stays live across setmaxnreg (it would be spilled)
     unsigned char* smem = swap_smem();
@@ -348,212 +579,14 @@ __device__ __forceinline__ void swap_fp8(const AbsorbedParams& p) {
             cta_begin[blockIdx.x + 1], threadIdx.x & 127);
     return;
   }
-  setmaxnreg_inc<kConsumerRegs>();
-  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
-  const int tw = threadIdx.x & 127, w = tw >> 5, lane = threadIdx.x & 31;
-  unsigned char* smem = swap_smem();
-  const Smem sm{smem, smem_u32(smem)};
-  const int32_t* cta_begin = reinterpret_cast<const int32_t*>(p.plan + h.cta_begin_offset);
-  const WorkUnit* units = reinterpret_cast<const WorkUnit*>(p.plan + h.units_offset);
-  const int u_begin = cta_begin[blockIdx.x], u_end = cta_begin[blockIdx.x + 1];
-  SharedStorage& ss = sm.ss();
-  const float ln2 = 0.69314718055994530942f;
-  StageState ring;  // tiles consumed (both consumer warpgroups count alike)
-  Handoff sums;     // passes handed over
-
-  for (int ui = u_begin; ui < u_end; ++ui) {
-    const WorkUnit u = units[ui];
-    const int n_tiles = swap_tiles(u), passes = swap_passes(u);
-    for (int pass = 0; pass < passes; ++pass) {
-      const int row0 = pass * kSwapN;
-      if (wgi == 0) {
-        // ---- warpgroup 0: S^T, softmax, P^T --------------------------------------------------
-        float m[8], l[8];
-        int lim[8];
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          m[c] = -INFINITY;
-          l[c] = 0.f;
-          const int r = row0 + column_of(c, lane);
-          const int query = (u.row_in_req + r) / h.num_heads;
-          const int causal_end = h.causal ? u.kv_len - u.q_len + query + 1 : u.kv_len;
-          lim[c] = min(causal_end, u.kv_end);
-        }
-        if (n_tiles > 0) load_q_swapped(p, sm, u, row0, tw);
-        for (int t = 0; t < n_tiles; ++t, ring.advance()) {
-          const int s = ring.stage(), g = ring.count, pb = g & 1;
-          const int key0 = u.kv_begin + t * kSwapKeys;
-          mbar_wait(sm.full(s), ring.phase());
-          float acc[2][16];
-          s_tile(acc, sm, s, w, lane);
-          wgmma_wait<0>();
-          fence_regs(acc[0]);
-          fence_regs(acc[1]);
-          mbar_arrive(sm.empty(s));  // this warpgroup's reads of the tile are done
-
-          // Scale, mask, column maxima: value acc[mh][4 j + i] is key 64 mh + 16 w + lane / 4 +
-          // 8 (i / 2) of the tile, column slot c = 2 j + i % 2.
-          float cmax[8];
-#pragma unroll
-          for (int c = 0; c < 8; ++c) cmax[c] = -INFINITY;
-#pragma unroll
-          for (int mh = 0; mh < 2; ++mh)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int c = 2 * j + (i & 1);
-                const int key = key0 + 64 * mh + 16 * w + (lane >> 2) + 8 * (i >> 1);
-                float v = acc[mh][4 * j + i] * p.scale_log2;
-                if (key >= lim[c]) v = -INFINITY;
-                acc[mh][4 * j + i] = v;
-                cmax[c] = fmaxf(cmax[c], v);
-              }
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            cmax[c] = fmaxf(cmax[c], __shfl_xor_sync(0xffffffffu, cmax[c], 4));
-            cmax[c] = fmaxf(cmax[c], __shfl_xor_sync(0xffffffffu, cmax[c], 8));
-            cmax[c] = fmaxf(cmax[c], __shfl_xor_sync(0xffffffffu, cmax[c], 16));
-          }
-          if ((lane >> 2) == 0) {
-#pragma unroll
-            for (int c = 0; c < 8; ++c) ss.colmax[pb][w][column_of(c, lane)] = cmax[c];
-          }
-          bar_sync(kWg0Sync, 128);
-          float alpha[8], m_use[8];
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const int n = column_of(c, lane);
-            const float tmax = fmaxf(fmaxf(ss.colmax[pb][0][n], ss.colmax[pb][1][n]),
-                                     fmaxf(ss.colmax[pb][2][n], ss.colmax[pb][3][n]));
-            const float m_new = fmaxf(m[c], tmax);
-            m_use[c] = m_new == -INFINITY ? 0.f : m_new;
-            alpha[c] = exp2f(m[c] - m_use[c]);  // m = -inf -> 0
-            m[c] = m_new;
-            l[c] *= alpha[c];
-          }
-          // P^T buffer pb was read by warpgroup 1's O^T of tile g - 2.
-          if (g >= 2) mbar_wait(sm.p_free(pb), PipelineState<2>{g - 2}.phase());
-          unsigned char* pt = sm.p_ptr(pb);
-#pragma unroll
-          for (int mh = 0; mh < 2; ++mh)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int c = 2 * j + (i & 1);
-                const float pr = exp2f(acc[mh][4 * j + i] - m_use[c]);
-                l[c] += pr;
-                const int kp = 16 * w + (lane >> 2) + 8 * (i >> 1);  // key in the half
-                const int byte = (kp >> 4) * 32 + 2 * pv_slot(kp & 15);
-                *reinterpret_cast<__nv_bfloat16*>(pt + mh * kPBlockBytes +
-                                                  sw128_offset(column_of(c, lane), byte >> 4) +
-                                                  (byte & 15)) = __float2bfloat16_rn(pr * 0x1p120f);
-              }
-          if (w == 0 && (lane >> 2) == 0) {
-#pragma unroll
-            for (int c = 0; c < 8; ++c) ss.alpha[pb][column_of(c, lane)] = alpha[c];
-          }
-          fence_proxy_async();  // P^T stores -> warpgroup 1's wgmma
-          mbar_arrive(sm.p_ready(pb));
-        }
-        // The pass's row sums: the thread's partials over its keys, then the lanes, then warps.
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
-          l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
-          l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
-        }
-        if ((lane >> 2) == 0) {
-#pragma unroll
-          for (int c = 0; c < 8; ++c) ss.colsum[w][column_of(c, lane)] = l[c];
-        }
-        bar_sync(kWg0Sync, 128);
-        if (sums.count > 0) mbar_wait(sm.sums_free(), Handoff{sums.count - 1}.phase());
-        if (w == 0 && (lane >> 2) == 0) {
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const int n = column_of(c, lane), r = row0 + n;
-            const float sum = ss.colsum[0][n] + ss.colsum[1][n] + ss.colsum[2][n] + ss.colsum[3][n];
-            ss.inv[n] = sum > 0.f ? p.o_scale / sum : 0.f;  // o_scale: k_scale
-            if (r < u.num_rows) {
-              const float lse = sum > 0.f ? (m[c] + log2f(sum)) * ln2 : -INFINITY;
-              if (u.partial < 0) {
-                p.lse[static_cast<int64_t>(u.q_row_begin) + r] = lse;
-              } else {
-                p.partial_lse[static_cast<int64_t>(u.partial) * kMaxRows + r] = lse;
-              }
-            }
-          }
-        }
-        mbar_arrive(sm.sums_ready());
-        sums.advance();
-        // colsum is read above by warp 0 before any warp writes the next pass's.
-        bar_sync(kWg0Sync, 128);
-      } else {
-        // ---- warpgroup 1: O^T ------------------------------------------------------------------
-        float o[kSwapMTiles][16];
-#pragma unroll
-        for (int mt = 0; mt < kSwapMTiles; ++mt)
-#pragma unroll
-          for (int i = 0; i < 16; ++i) o[mt][i] = 0.f;
-        for (int t = 0; t < n_tiles; ++t, ring.advance()) {
-          const int s = ring.stage(), g = ring.count, pb = g & 1;
-          mbar_wait(sm.p_ready(pb), PipelineState<2>{g}.phase());
-          mbar_wait(sm.full(s), ring.phase());
-          fence_proxy_async();
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const float f = ss.alpha[pb][column_of(c, lane)];
-#pragma unroll
-            for (int mt = 0; mt < kSwapMTiles; ++mt) {
-              o[mt][4 * (c >> 1) + (c & 1)] *= f;
-              o[mt][4 * (c >> 1) + 2 + (c & 1)] *= f;
-            }
-          }
-          pv_tile(o, sm, s, pb, u.kv_end - (u.kv_begin + t * kSwapKeys), w, lane);
-          mbar_arrive(sm.empty(s));  // this warpgroup's reads of the tile are done
-          wgmma_wait<0>();
-#pragma unroll
-          for (int mt = 0; mt < kSwapMTiles; ++mt) fence_regs(o[mt]);
-          mbar_arrive(sm.p_free(pb));
-        }
-        mbar_wait(sm.sums_ready(), sums.phase());
-        float inv[8];
-#pragma unroll
-        for (int c = 0; c < 8; ++c) inv[c] = ss.inv[column_of(c, lane)];
-        mbar_arrive(sm.sums_free());
-        sums.advance();
-        // Row n = row0 + column_of(c): its 16 dims 16 dgrp .. + 16 (pv_dim: byte 2 mt + hi).
-        const int dgrp = 8 * w + (lane >> 2);
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const int r = row0 + column_of(c, lane);
-          if (r >= u.num_rows) continue;
-          float v[16];
-#pragma unroll
-          for (int mt = 0; mt < kSwapMTiles; ++mt) {
-            v[2 * mt + 0] = o[mt][4 * (c >> 1) + (c & 1)] * inv[c];
-            v[2 * mt + 1] = o[mt][4 * (c >> 1) + 2 + (c & 1)] * inv[c];
-          }
-          if (u.partial < 0) {
-            uint4* dst = reinterpret_cast<uint4*>(
-                p.o + (static_cast<int64_t>(u.q_row_begin) + r) * kDimV + 16 * dgrp);
-            dst[0] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]),
-                                pack_bf16(v[6], v[7]));
-            dst[1] = make_uint4(pack_bf16(v[8], v[9]), pack_bf16(v[10], v[11]),
-                                pack_bf16(v[12], v[13]), pack_bf16(v[14], v[15]));
-          } else {
-            float4* dst = reinterpret_cast<float4*>(
-                p.partial_o + (static_cast<int64_t>(u.partial) * kMaxRows + r) * kDimV + 16 * dgrp);
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              dst[x] = make_float4(v[4 * x], v[4 * x + 1], v[4 * x + 2], v[4 * x + 3]);
-            }
-          }
-        }
-      }
-    }
+  // The consumers' budgets sum with the producer's to the launch allocation (3 x 168 per
+  // thread slot): setmaxnreg.inc waits until the registers are free, forever if they never are.
+  if (wgi == 0) {
+    setmaxnreg_inc<kSRegs>();
+    consume_s(p);
+  } else {
+    setmaxnreg_inc<kPvRegs>();
+    consume_pv(p);
   }
 }
 
