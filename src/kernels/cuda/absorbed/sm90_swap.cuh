@@ -166,6 +166,15 @@ __device__ __forceinline__ void produce(const AbsorbedParams& p, const PlanHeade
                           slot, sm.full(s));
             }
           }
+          // The unit's next tile into L2 now, before this thread waits for a stage to load it.
+          const int next0 = key0 + kSwapKeys;
+          for (int key = next0; t + 1 < n_tiles && key < min(u.kv_end, next0 + kSwapKeys);
+               key += box_rows) {
+            const int32_t slot =
+                resolve_slot(st, load_entry(st, row, u.kv_end, key), u.kv_end, key);
+#pragma unroll
+            for (int b = 0; b < kBlocks; ++b) tma_prefetch_2d(p.kv_tmap, 64 * b, slot);
+          }
         } else {
           // 8 threads per key row, each 16-byte chunks tw % 8 + 8 i of it: a warp's copy reads
           // 4 rows x 128 contiguous bytes (a row per thread read 32 rows x 16 bytes per copy:
