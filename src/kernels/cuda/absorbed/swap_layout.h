@@ -1,5 +1,6 @@
-// The operand orders of the swapped fp8 kernel (sm90_swap.cuh), host and device alike so the CPU
-// unit tests check them (tests/unit/cuda_absorbed_swap_layout_test.cc).
+// The operand orders of the swapped fp8 kernel (sm90_swap.cuh): constexpr host functions (the CUDA
+// build's --expt-relaxed-constexpr lets the kernel call them), so the CPU unit tests check the
+// same code (tests/unit/cuda_absorbed_swap_layout_test.cc).
 //
 // The kernel computes S^T = K Q^T (M = 64 keys, N = kSwapN query rows, K = 576 dims) and
 // O^T = V^T P^T (M = 64 dims, N = kSwapN rows, K = 16-key steps), with the A operands (K and V^T)
@@ -21,12 +22,6 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MLA_SWAP_HD __host__ __device__
-#else
-#define MLA_SWAP_HD
-#endif
-
 namespace mla::cuda::absorbed::swap {
 
 inline constexpr int kSwapN = 32;                   // query rows of a unit (heads x q_len <= 32)
@@ -35,29 +30,29 @@ inline constexpr int kSwapMTiles = 8;               // 64-dim M-tiles of O^T (51
 inline constexpr int kSwapKSteps = kSwapKeys / 16;  // 16-key k-steps of O^T per tile
 
 // S^T: the dim (0..575) at k index kk (0..15) of k-step 4 b + s, b the 64-dim block.
-MLA_SWAP_HD constexpr int qk_dim(int b, int s, int kk) {
+constexpr int qk_dim(int b, int s, int kk) {
   const int q = (kk & 7) >> 1, h = kk >> 3, i = kk & 1;
   return 64 * b + 16 * q + 4 * s + 2 * h + i;
 }
 // Its inverse: the k index slot (16 k-step + kk, 0..575) where dim d sits in Q's B operand.
-MLA_SWAP_HD constexpr int qk_slot(int d) {
+constexpr int qk_slot(int d) {
   const int b = d >> 6, r = d & 63, q = r >> 4, s = (r >> 2) & 3, h = (r >> 1) & 1, i = r & 1;
   return 64 * b + 16 * s + 2 * q + 8 * h + i;
 }
 
 // O^T: the key (0..15 inside its 16-key step) at k index kk (0..15).
-MLA_SWAP_HD constexpr int pv_key(int kk) {
+constexpr int pv_key(int kk) {
   const int q = (kk & 7) >> 1, h = kk >> 3, i = kk & 1;
   return 4 * (2 * h + i) + q;
 }
 // Its inverse: the k index of key k (0..15) inside its step, i.e. where P^T holds it.
-MLA_SWAP_HD constexpr int pv_slot(int k) {
+constexpr int pv_slot(int k) {
   const int j = k >> 2, q = k & 3;
   return 2 * q + 8 * (j >> 1) + (j & 1);
 }
 
 // O^T: the dim (0..511) at row r (0..63) of m-tile mt (0..7).
-MLA_SWAP_HD constexpr int pv_dim(int mt, int r) {
+constexpr int pv_dim(int mt, int r) {
   const int w = r >> 4, g = r & 7, hi = (r >> 3) & 1;
   return 16 * (8 * w + g) + 2 * mt + hi;
 }
