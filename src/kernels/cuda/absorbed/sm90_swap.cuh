@@ -73,10 +73,11 @@ struct SharedStorage {
   alignas(1024) unsigned char raw[kStages][kRawTileBytes];  // raw fp8 tiles: [9][128 keys][64 B]
   alignas(1024) unsigned char q[kBlocks * kQBlockBytes];    // Q, dims in qk_slot order
   alignas(1024) unsigned char p[2][2 * kPBlockBytes];       // P^T x 2^120, keys in pv_slot order
-  float colmax[2][4][kSwapN];  // warpgroup 0's warps' column maxima (two tiles alternate)
-  float alpha[2][kSwapN];      // the columns' rescale factors, with P^T buffer b
-  float colsum[4][kSwapN];     // warpgroup 0's warps' column sums at a pass's end
-  float inv[kSwapN];           // o_scale / row sum of a pass, for warpgroup 1
+  float colmax[2][4][kSwapN];          // warpgroup 0's warps' column maxima (two tiles alternate)
+  float alpha[2][kSwapN];              // the columns' rescale factors, with P^T buffer b
+  float colsum[4][kSwapN];             // warpgroup 0's warps' column sums at a pass's end
+  float inv[kSwapN];                   // o_scale / row sum of a pass, for warpgroup 1
+  int32_t entry[kSwapKeys / 16][128];  // the producer's page-table entries of the next tile
   uint64_t full[kStages], empty[kStages], p_ready[2], p_free[2], sums_ready, sums_free;
 };
 inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
@@ -151,29 +152,55 @@ __device__ __forceinline__ void produce(const AbsorbedParams& p, const PlanHeade
     for (int pass = 0; pass < passes; ++pass) {
       for (int t = 0; t < n_tiles; ++t, ring.advance()) {
         const int s = ring.stage();
-        if (ring.count >= kStages) mbar_wait(sm.empty(s), StageState{ring.count - kStages}.phase());
         const int key0 = u.kv_begin + t * kSwapKeys;
+        // The tile's page-table entries (and, TMA, the next tile's, for its L2 prefetch) are
+        // loaded before the wait for the stage, so their latency passes under it instead of
+        // one load's latency per row or box one after another.
+        // Kept in shared memory (this thread's own slots), not registers: the producer's budget
+        // is small.
+        int32_t(*ent)[128] = sm.ss().entry;
+        if (box_rows > 0) {
+          int32_t e[4];
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {  // boxes 0, 1 of this tile, 2, 3: the next tile's
+            e[x] = load_entry(st, row, u.kv_end, key0 + x * box_rows);
+          }
+#pragma unroll
+          for (int x = 0; x < 4; ++x) ent[x][0] = e[x];
+        } else {
+          int32_t e[kSwapKeys / 16];
+#pragma unroll
+          for (int j = 0; j < kSwapKeys / 16; ++j) {
+            e[j] = load_entry(st, row, u.kv_end, key0 + (tw >> 3) + 16 * j);
+          }
+#pragma unroll
+          for (int j = 0; j < kSwapKeys / 16; ++j) ent[j][tw] = e[j];
+        }
+        if (ring.count >= kStages) mbar_wait(sm.empty(s), StageState{ring.count - kStages}.phase());
         if (box_rows > 0) {
           const int boxes = min(kSwapKeys / box_rows, (u.kv_end - key0 + box_rows - 1) / box_rows);
           mbar_arrive_expect_tx(sm.full(s), static_cast<uint32_t>(boxes * kBlocks * box_rows * 64));
-          for (int x = 0; x < boxes; ++x) {
-            const int key = key0 + x * box_rows;
-            const int32_t slot =
-                resolve_slot(st, load_entry(st, row, u.kv_end, key), u.kv_end, key);
 #pragma unroll
-            for (int b = 0; b < kBlocks; ++b) {
-              tma_load_2d(sm.raw(s) + b * kRawBlockBytes + x * box_rows * 64, p.kv_tmap, 64 * b,
-                          slot, sm.full(s));
+          for (int x = 0; x < 2; ++x) {
+            const int key = key0 + x * box_rows;
+            if (x < boxes) {
+              const int32_t slot = resolve_slot(st, ent[x][0], u.kv_end, key);
+#pragma unroll
+              for (int b = 0; b < kBlocks; ++b) {
+                tma_load_2d(sm.raw(s) + b * kRawBlockBytes + x * box_rows * 64, p.kv_tmap, 64 * b,
+                            slot, sm.full(s));
+              }
             }
           }
           // The unit's next tile into L2 now, before this thread waits for a stage to load it.
-          const int next0 = key0 + kSwapKeys;
-          for (int key = next0; t + 1 < n_tiles && key < min(u.kv_end, next0 + kSwapKeys);
-               key += box_rows) {
-            const int32_t slot =
-                resolve_slot(st, load_entry(st, row, u.kv_end, key), u.kv_end, key);
 #pragma unroll
-            for (int b = 0; b < kBlocks; ++b) tma_prefetch_2d(p.kv_tmap, 64 * b, slot);
+          for (int x = 2; x < 4; ++x) {
+            const int key = key0 + x * box_rows;
+            if (t + 1 < n_tiles && key < u.kv_end) {
+              const int32_t slot = resolve_slot(st, ent[x][0], u.kv_end, key);
+#pragma unroll
+              for (int b = 0; b < kBlocks; ++b) tma_prefetch_2d(p.kv_tmap, 64 * b, slot);
+            }
           }
         } else {
           // 8 threads per key row, each 16-byte chunks tw % 8 + 8 i of it: a warp's copy reads
@@ -183,8 +210,7 @@ __device__ __forceinline__ void produce(const AbsorbedParams& p, const PlanHeade
 #pragma unroll 1
           for (int j = 0; j < kSwapKeys / 16; ++j) {
             const int r = (tw >> 3) + 16 * j, key = key0 + r;
-            const int32_t slot =
-                resolve_slot(st, load_entry(st, row, u.kv_end, key), u.kv_end, key);
+            const int32_t slot = resolve_slot(st, ent[j][tw], u.kv_end, key);
             const bool valid = slot >= 0;
             const unsigned char* src =
                 valid ? p.kv_cache_fp8 + static_cast<int64_t>(slot) * kDimQk : p.kv_cache_fp8;
