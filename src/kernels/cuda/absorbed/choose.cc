@@ -31,12 +31,11 @@ StatusOr<KernelChoice> choose_kernel(int num_heads, int q_len, int page_size, DT
     return unsupported("cuda absorbed: {} latent cache (supported: bf16, fp8e4m3)",
                        dtype_name(cache_dtype));
   }
-  // bf16: the 64-row kernel; fp8: the swapped kernel up to 32 heads (raw rows converted into
-  // register fragments), the 64-row kernel above (tiles converted in shared memory). TMA boxes
-  // of 64 key rows for pages of 64 and more, cp.async gathers below.
+  // One kernel for both caches (an fp8 tile is converted to bf16 in shared memory after it
+  // lands); TMA boxes of 64 key rows for pages of 64 and more, cp.async gathers below.
   const bool fp8 = cache_dtype == DType::kFP8E4M3;
   const bool tma = page_size >= kTmaBoxRows;
-  c.kernel = kernel_for_cache(cache_dtype, num_heads);
+  c.kernel = kernel_for_cache(cache_dtype);
   c.tma_box_rows = tma ? kTmaBoxRows : 0;
   c.name = fp8 ? (tma ? "sm90 wgmma, fp8, TMA" : "sm90 wgmma, fp8, cp.async")
                : (tma ? "sm90 wgmma, TMA" : "sm90 wgmma, cp.async");

@@ -35,17 +35,11 @@ struct KernelChoice {
 // (batch-invariant plans use kMaxRows whatever this says).
 int rows_per_tile(int num_heads, int max_q_len);
 
-// Heads up to which an fp8 cache runs the swapped kernel (sm90_swap.cuh): its units run in passes
-// of 32 rows, so a plan of 64-row tiles (several tokens per request) serves it too.
-inline constexpr int kSwapMaxHeads = 32;
-
-// The kernel entry for a latent cache dtype (bf16, or fp8 e4m3) and a head count: the one part
-// of the choice that the op's run() needs. It depends on neither the batch nor the plan, so a
-// plan serves either cache and a captured graph replays the kernel any re-plan would choose;
-// run() looks this up instead of choosing again.
-inline AbsorbedKernel kernel_for_cache(DType cache_dtype, int num_heads) {
-  if (cache_dtype != DType::kFP8E4M3) return AbsorbedKernel::kSm90;
-  return num_heads <= kSwapMaxHeads ? AbsorbedKernel::kSm90Fp8Swap : AbsorbedKernel::kSm90Fp8;
+// The kernel entry for a latent cache dtype (bf16, or fp8 e4m3): the one part of the choice that
+// the op's run() needs, and the only one that depends on the cache, so a plan serves either
+// cache and run() looks this up instead of choosing again.
+inline AbsorbedKernel kernel_for_cache(DType cache_dtype) {
+  return cache_dtype == DType::kFP8E4M3 ? AbsorbedKernel::kSm90Fp8 : AbsorbedKernel::kSm90;
 }
 
 // Error (kUnsupported, naming the field and value) for head counts outside 1..128,

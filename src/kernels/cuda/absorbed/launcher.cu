@@ -9,7 +9,7 @@ namespace {
 
 // One kernel (a template argument, so each gets its own once-per-process shared-memory
 // attribute) of kSmem dynamic shared-memory bytes.
-template <auto kKernel, int kSmem, int kBlockThreads = kThreads>
+template <auto kKernel, int kSmem>
 LaunchResult launch_one(const char* name, const AbsorbedParams& params, int num_ctas,
                         cudaStream_t stream) {
   static std::once_flag once;
@@ -18,7 +18,7 @@ LaunchResult launch_one(const char* name, const AbsorbedParams& params, int num_
     attr_err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   });
   if (attr_err != cudaSuccess) return {attr_err, "cudaFuncSetAttribute(absorbed attention)"};
-  kKernel<<<num_ctas, kBlockThreads, kSmem, stream>>>(params);
+  kKernel<<<num_ctas, kThreads, kSmem, stream>>>(params);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {e, name};
   return {};
 }
@@ -31,9 +31,6 @@ LaunchResult launch_attention(const AbsorbedParams& params, int num_ctas, cudaSt
     case AbsorbedKernel::kSm90Fp8:
       return launch_one<absorbed_attention_sm90_kernel<true>, kSm90SmemBytes>(
           "launch of absorbed_attention_sm90_kernel<true>", params, num_ctas, stream);
-    case AbsorbedKernel::kSm90Fp8Swap:
-      return launch_one<absorbed_attention_sm90_swap_kernel, kSm90SwapSmemBytes, swap::kThreads>(
-          "launch of absorbed_attention_sm90_swap_kernel", params, num_ctas, stream);
   }
   return {cudaErrorInvalidValue, "absorbed attention: unknown kernel"};
 }

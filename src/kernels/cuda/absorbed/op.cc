@@ -112,8 +112,7 @@ class CudaAbsorbedOp final : public AbsorbedAttentionOp {
                   "the kernel's logit scale sm_scale * k_scale * log2(e) * 2^120 is a float)",
                   a.sm_scale * a.k_scale);
     p.o_scale = fp8 ? a.k_scale : 1.f;
-    p.kernel =
-        static_cast<int32_t>(absorbed::kernel_for_cache(a.kv_cache.dtype, static_cast<int>(heads)));
+    p.kernel = static_cast<int32_t>(absorbed::kernel_for_cache(a.kv_cache.dtype));
     p.num_heads = static_cast<int32_t>(heads);
     {  // used when the plan says TMA (choose_kernel: pages of 64 and more)
       // bf16: boxes of 64 key rows x 64 columns in the 128-byte swizzle (the wgmma layout);

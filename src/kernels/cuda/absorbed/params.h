@@ -10,9 +10,8 @@ namespace mla::cuda::absorbed {
 // The kernels of the absorbed op; choose_kernel (choose.h) picks one per (heads, q_len, page,
 // cache dtype) and the launcher runs the one named in AbsorbedParams::kernel.
 enum class AbsorbedKernel : int32_t {
-  kSm90 = 1,         // sm90_ws.cuh: 64-row wgmma tiles, warp-specialised, TMA / cp.async (bf16)
-  kSm90Fp8 = 2,      // the same over an fp8 e4m3 cache (tiles converted in shared memory)
-  kSm90Fp8Swap = 3,  // sm90_swap.cuh: fp8 e4m3 cache, at most 32 heads: keys as the wgmma M
+  kSm90 = 1,     // sm90_ws.cuh: 64-row wgmma tiles, warp-specialised, TMA / cp.async (bf16)
+  kSm90Fp8 = 2,  // the same over an fp8 e4m3 cache (tiles converted in shared memory)
 };
 
 // Plan bytes: PlanHeader | cta_unit_begin int32[num_ctas + 1] | WorkUnit[max_units] |

@@ -10,13 +10,11 @@
 #pragma once
 
 #include "kernels/cuda/absorbed/combine.cuh"
-#include "kernels/cuda/absorbed/sm90_swap.cuh"
 #include "kernels/cuda/absorbed/sm90_ws.cuh"
 
 namespace mla::cuda::absorbed {
 
 inline constexpr int kSm90SmemBytes = wg::ws::kSmemBytes;
-inline constexpr int kSm90SwapSmemBytes = swap::kSmemBytes;
 
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* smem) {
   const uint32_t a = sm90::smem_u32(smem);
@@ -31,15 +29,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
   if (static_cast<int>(blockIdx.x) >= h.num_ctas) return;
   wg::tile64_ws<kFp8>(p, align_1024(sm90_smem));
-}
-
-// An fp8 e4m3 cache with at most 32 heads: S^T = K Q^T and O^T = V^T P^T, the raw rows
-// converted into register fragments (sm90_swap.cuh); three warpgroups.
-__global__ void __launch_bounds__(swap::kThreads, 1)
-    absorbed_attention_sm90_swap_kernel(const __grid_constant__ AbsorbedParams p) {
-  const PlanHeader h = *reinterpret_cast<const PlanHeader*>(p.plan);
-  if (static_cast<int>(blockIdx.x) >= h.num_ctas) return;
-  swap::swap_fp8(p);
 }
 
 }  // namespace mla::cuda::absorbed

@@ -1,7 +1,7 @@
 // Device helpers shared by every CUDA kernel of the library (with tma.cuh: mbarriers, named
 // barriers, TMA; wgmma.cuh: the wgmma wrappers and shared-memory descriptors). Kernel bodies
 // call these and carry no inline PTX of their own.
-//   cp.async: 16- and 4-byte copies global -> shared with zero fill, groups, waits;
+//   cp.async: 16-byte copies global -> shared with zero fill, groups, waits;
 //   conversions: two floats -> bf16x2, eight fp8 e4m3 -> bf16 x 2^-120 (exact), exp2 (ftz).
 #pragma once
 
@@ -15,11 +15,6 @@ namespace mla::cuda::sm90 {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
-}
-// 4 bytes from global `src` to shared `dst` (both 4-byte aligned); !valid: zero-fill.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -53,13 +48,6 @@ inline constexpr int kFp8Bf16Exp2 = -120;
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(d) : "r"(a), "r"(sel));
-  return d;
-}
-// Bytes of {b, a} picked by the nibbles of sel (byte i of the result: nibble i; 0-3 from a,
-// 4-7 from b).
-__device__ __forceinline__ uint32_t prmt2(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
 __device__ __forceinline__ uint4 fp8x8_to_bf16x8_scaled(uint2 raw) {

@@ -116,15 +116,6 @@ __device__ __forceinline__ void tma_prefetch_3d(const void* tmap, int32_t c0, in
                : "memory");
 }
 
-// TMA prefetch of the box at element coordinates (c0, c1) of the 2-D tensor map `tmap` into L2
-// (a hint as above).
-__device__ __forceinline__ void tma_prefetch_2d(const void* tmap, int32_t c0, int32_t c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1)
-               : "memory");
-}
-
 __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
