@@ -251,4 +251,12 @@ int ledger_count_prefix(std::string_view prefix) {
   return n;
 }
 
+std::vector<BatchSpec> every_mode_specs() {
+  return {
+      {ForwardMode::kDecode, {0, 17, 40}, {}},        {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
+      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}},  {ForwardMode::kExtend, {0, 0}, {9, 5}},
+      {ForwardMode::kExtend, {40, 0, 21}, {6, 4, 3}}, {ForwardMode::kMixed, {30, 14}, {5, 1}},
+  };
+}
+
 }  // namespace mla::testing

@@ -38,6 +38,10 @@ struct BatchSpec {
   int num_draft_tokens = 0;
 };
 ForwardBatch make_batch(LatentKvPool& pool, const BatchSpec& spec, Rng& rng);
+
+// One batch of every mode: decode, verify, draft-extend, extend without and with prefixes (a
+// zero-length prefix among them), mixed (the backend tests' common set).
+std::vector<BatchSpec> every_mode_specs();
 // Frees the batch's request rows (so the pool can be reused).
 void free_batch(LatentKvPool& pool, const ForwardBatch& batch);
 

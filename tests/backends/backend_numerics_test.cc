@@ -13,16 +13,6 @@ namespace {
 
 constexpr double kTol = 2e-2;  // ||o - ref|| / ||ref||, bf16 intermediates (q_abs, o_latent, k, v)
 
-// One batch of every mode: decode, verify, draft-extend, extend without and with prefixes
-// (a zero-length prefix among them), mixed.
-std::vector<testing::BatchSpec> every_mode_specs() {
-  return {
-      {ForwardMode::kDecode, {0, 17, 40}, {}},        {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
-      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}},  {ForwardMode::kExtend, {0, 0}, {9, 5}},
-      {ForwardMode::kExtend, {40, 0, 21}, {6, 4, 3}}, {ForwardMode::kMixed, {30, 14}, {5, 1}},
-  };
-}
-
 class BackendNumerics : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -63,7 +53,7 @@ class BackendNumerics : public ::testing::Test {
   void check_every_mode(std::string_view name, const BackendOptions& o, std::string_view tag) {
     auto b = make(name, o);
     ASSERT_NE(b, nullptr);
-    for (const auto& spec : every_mode_specs()) {
+    for (const auto& spec : testing::every_mode_specs()) {
       ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
       testing::LayerInputs in =
           testing::random_layer_inputs(batch.num_tokens(), o.model.num_heads, rng_);

@@ -14,6 +14,7 @@
 #include "backends/backend_fixture.h"
 #include "backends/chunked_mla/chunked_mla.h"
 #include "backends/ondemand_mla/ondemand_mla.h"
+#include "core/forwarding_op.h"
 #include "planning/forward_method.h"
 
 namespace mla {
@@ -22,15 +23,6 @@ namespace {
 using backends::BackendBase;
 using backends::BatchPlan;
 using backends::ChunkedMlaBackend;
-
-// One batch of every mode, two requests each; extends with and without a prefix.
-std::vector<testing::BatchSpec> every_mode_specs() {
-  return {
-      {ForwardMode::kDecode, {0, 17}, {}},           {ForwardMode::kTargetVerify, {5, 33}, {}, 3},
-      {ForwardMode::kDraftExtend, {12, 20}, {2, 1}}, {ForwardMode::kExtend, {0, 0}, {9, 5}},
-      {ForwardMode::kExtend, {40, 0}, {6, 4}},       {ForwardMode::kMixed, {30, 14}, {5, 1}},
-  };
-}
 
 planning::ExtendRule rule_of(std::string_view family) {
   return family == "paged_mla" ? planning::ExtendRule::kPrefixThreshold
@@ -85,7 +77,7 @@ TEST_F(BatchPlanTest, DecisionsAgreeWithTheRuleForEveryFamilyOptionAndMode) {
       const auto* chunked = dynamic_cast<const ChunkedMlaBackend*>(b.get());
       const planning::MethodOptions mo = backends::method_options(b->options());
       uint64_t fallbacks = 0;
-      for (const testing::BatchSpec& spec : every_mode_specs()) {
+      for (const testing::BatchSpec& spec : testing::every_mode_specs()) {
         const std::string what =
             fmt::format("{} bits {} {}", name, bits, forward_mode_name(spec.mode));
         ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
@@ -200,16 +192,13 @@ Counts& counts() {
   return c;
 }
 
-class CountingAbsorbed final : public AbsorbedAttentionOp {
+class CountingAbsorbed final : public Forwarding<AbsorbedAttentionOp> {
  public:
-  explicit CountingAbsorbed(std::shared_ptr<const AbsorbedAttentionOp> op) : op_(std::move(op)) {}
+  explicit CountingAbsorbed(std::shared_ptr<const AbsorbedAttentionOp> op)
+      : Forwarding(std::move(op)) {}
   Status supports(int h, int p, DType d) const override {
     ++counts().absorbed_supports;
     return op_->supports(h, p, d);
-  }
-  std::size_t plan_bytes(const AttnCapacity& c) const override { return op_->plan_bytes(c); }
-  std::size_t workspace_bytes(const AttnCapacity& c) const override {
-    return op_->workspace_bytes(c);
   }
   StatusOr<std::size_t> plan(const AbsorbedProblem& p, const AttnCapacity& c,
                              std::span<std::byte> out) const override {
@@ -219,21 +208,14 @@ class CountingAbsorbed final : public AbsorbedAttentionOp {
   Status run(const AbsorbedArgs& a, const ExecContext& ctx) const override {
     return op_->run(a, ctx);
   }
-
- private:
-  std::shared_ptr<const AbsorbedAttentionOp> op_;
 };
 
-class CountingMha final : public MhaAttentionOp {
+class CountingMha final : public Forwarding<MhaAttentionOp> {
  public:
-  explicit CountingMha(std::shared_ptr<const MhaAttentionOp> op) : op_(std::move(op)) {}
+  explicit CountingMha(std::shared_ptr<const MhaAttentionOp> op) : Forwarding(std::move(op)) {}
   Status supports(int h) const override {
     ++counts().mha_supports;
     return op_->supports(h);
-  }
-  std::size_t plan_bytes(const AttnCapacity& c) const override { return op_->plan_bytes(c); }
-  std::size_t workspace_bytes(const AttnCapacity& c) const override {
-    return op_->workspace_bytes(c);
   }
   StatusOr<std::size_t> plan(const MhaProblem& p, const AttnCapacity& c,
                              std::span<std::byte> out) const override {
@@ -241,25 +223,16 @@ class CountingMha final : public MhaAttentionOp {
     return op_->plan(p, c, out);
   }
   Status run(const MhaArgs& a, const ExecContext& ctx) const override { return op_->run(a, ctx); }
-
- private:
-  std::shared_ptr<const MhaAttentionOp> op_;
 };
 
-class CountingUpProject final : public UpProjectOp {
+class CountingUpProject final : public Forwarding<UpProjectOp> {
  public:
-  explicit CountingUpProject(std::shared_ptr<const UpProjectOp> op) : op_(std::move(op)) {}
-  std::size_t workspace_bytes(int64_t n, int h) const override {
-    return op_->workspace_bytes(n, h);
-  }
+  explicit CountingUpProject(std::shared_ptr<const UpProjectOp> op) : Forwarding(std::move(op)) {}
   Status run(const UpProjectArgs& a, const ExecContext& ctx) const override {
     ++counts().up_project_runs;
     counts().up_project_rows += a.slots.numel();
     return op_->run(a, ctx);
   }
-
- private:
-  std::shared_ptr<const UpProjectOp> op_;
 };
 
 const char* counting_op_set() {
@@ -291,7 +264,7 @@ TEST_F(BatchPlanTest, EachOpsChooserIsAskedOncePerPlan) {
     EXPECT_EQ(counts().mha_supports - mha_supports0, 1) << name;
     const int absorbed_plans0 = counts().absorbed_plans;
     const int mha_plans0 = counts().mha_plans;
-    for (const testing::BatchSpec& spec : every_mode_specs()) {
+    for (const testing::BatchSpec& spec : testing::every_mode_specs()) {
       ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
       ASSERT_TRUE(plan_batch(*b, batch).ok()) << name;
       testing::free_batch(*pool_, batch);

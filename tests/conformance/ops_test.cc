@@ -11,6 +11,7 @@
 #include "conformance/case_gen.h"
 #include "conformance/conformance.h"
 #include "conformance/reference.h"
+#include "core/forwarding_op.h"
 
 namespace mla::testing {
 namespace {
@@ -377,21 +378,13 @@ TEST(CpuKvWrite, RejectsOutOfRangeSlotAndWritesNothing) {
 
 // ---- the runner detects broken ops ----
 
-class DropLastRowAbsorbed final : public AbsorbedAttentionOp {
+class DropLastRowAbsorbed final : public Forwarding<AbsorbedAttentionOp> {
  public:
   explicit DropLastRowAbsorbed(std::shared_ptr<const AbsorbedAttentionOp> inner, bool unsupported)
-      : inner_(std::move(inner)), unsupported_(unsupported) {}
+      : Forwarding(std::move(inner)), unsupported_(unsupported) {}
   Status supports(int h, int p, DType d) const override {
     if (unsupported_) return unsupported("test op: pretends {} heads are unsupported", h);
-    return inner_->supports(h, p, d);
-  }
-  std::size_t plan_bytes(const AttnCapacity& c) const override { return inner_->plan_bytes(c); }
-  std::size_t workspace_bytes(const AttnCapacity& c) const override {
-    return inner_->workspace_bytes(c);
-  }
-  StatusOr<std::size_t> plan(const AbsorbedProblem& p, const AttnCapacity& c,
-                             std::span<std::byte> blob) const override {
-    return inner_->plan(p, c, blob);
+    return op_->supports(h, p, d);
   }
   Status run(const AbsorbedArgs& a, const ExecContext& ctx) const override {
     // Runs into a copy, then copies back all but the last query row: that row stays poisoned.
@@ -399,13 +392,12 @@ class DropLastRowAbsorbed final : public AbsorbedAttentionOp {
     std::vector<uint16_t> o(static_cast<std::size_t>(t * row));
     AbsorbedArgs b = a;
     b.o.data = o.data();
-    MLA_RETURN_IF_ERROR(inner_->run(b, ctx));
+    MLA_RETURN_IF_ERROR(op_->run(b, ctx));
     std::memcpy(a.o.data, o.data(), static_cast<std::size_t>((t - 1) * row) * 2);
     return Status::Ok();
   }
 
  private:
-  std::shared_ptr<const AbsorbedAttentionOp> inner_;
   bool unsupported_;
 };
 
