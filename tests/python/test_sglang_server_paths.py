@@ -271,7 +271,7 @@ def test_draft_decode_graph_hooks_plan_each_step_into_its_graph_plan():
     dec.init_forward_metadata_in_graph(fb)
     for i, b in enumerate(dec.attn_backends):
         assert b._plan is b._graph_plan
-        assert b._plan._kv_lens.tolist() == [c + i + 1 for c in committed]
+        assert b.planned_lengths()["kv_lens"].tolist() == [c + i + 1 for c in committed]
 
 
 # ---- DeepSeek's own attention module (DeepseekV2AttentionMLA) over mla's backends ----
