@@ -39,7 +39,7 @@ RULES = {
 }
 # Public headers of the upper layers (the backend interface and the layer): lower public headers
 # never include them.
-PUBLIC_UPPER = {"mla/backend.h", "mla/layer.h", "mla/mla.h"}
+PUBLIC_UPPER = {"mla/backend.h", "mla/layer.h", "mla/mla.h", "mla/engine_planner.h"}
 
 # mla's own targets, lowest first; a library may link only targets before it in this list.
 TARGET_ORDER = ["mla_core", "mla_planning", "mla_cuda_plan", "mla_cpu_ops", "mla_cuda", "mla",

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -59,6 +60,47 @@ struct BatchLimits {
 // seq_lens_sum mismatch, a request row listed twice (row 0, the padding row of graph batches,
 // may repeat). Writes nothing. Repeated out_cache_loc slots are not checked (cost; see batch.cc).
 Status validate_batch(const ForwardBatch& batch, const BatchLimits& limits);
+
+// The per-mode lengths of one batch (SYSTEM.md 3), resolved once: what every planner reads. The
+// one rule for the C++ backends (BackendBase::collect, over their ForwardBatch) and the engine
+// adapters (EnginePlanner, over an engine's own host lengths; mla.Backend in Python). The output
+// vectors keep their capacity, so a warm caller allocates nothing.
+struct BatchLengths {
+  std::vector<int32_t> q_lens;       // [bs] new (query) tokens per request
+  std::vector<int32_t> kv_lens;      // [bs] keys each request attends to (prefix + new)
+  std::vector<int32_t> prefix_lens;  // [bs] kv_len - q_len
+  std::vector<int32_t> qo_indptr;    // [bs + 1] cumulative q_lens
+  std::vector<int32_t> kv_indptr;    // [bs + 1] cumulative kv_lens
+};
+
+// Totals of the lengths just resolved.
+struct BatchShape {
+  int batch_size = 0;
+  int64_t num_tokens = 0;   // sum of q_len
+  int64_t kv_tokens = 0;    // sum of kv_len
+  int32_t max_q_len = 1;    // at least 1
+  bool has_prefix = false;  // some request has kv_len > q_len
+};
+
+// q_len / kv_len per mode (ForwardBatch::q_len / kv_len):
+//   decode: q 1, kv seq;  target_verify: q num_draft_tokens, kv seq + num_draft_tokens;
+//   extend, mixed, draft_extend: q extend_seq_lens[b], kv seq;  idle: q 0, kv 0.
+// kv_extra is added to every kv_len (an engine's draft step i of an EAGLE chain decode sees
+// i + 1 draft tokens written past its committed seq_len; 0 otherwise). extend_seq_lens is read
+// only by the extend modes. Does not validate (validate_batch / check_engine_lengths do).
+BatchShape resolve_lengths(ForwardMode mode, std::span<const int32_t> seq_lens,
+                           std::span<const int32_t> extend_seq_lens, int32_t num_draft_tokens,
+                           int32_t kv_extra, BatchLengths* out);
+
+// The checks of an engine's host lengths before resolve_lengths (the engine adapters' request
+// checks; the C++ backends run validate_batch over their own pool instead): one entry per
+// request in every given field, no negative length, extend modes with extend_seq_lens, prefix
+// (when given, extend and mixed) + extend == seq, target_verify with num_draft_tokens >= 1,
+// kv_extra >= 0. kInvalidArgument naming the field, the request and the values.
+Status check_engine_lengths(ForwardMode mode, std::span<const int32_t> seq_lens,
+                            std::span<const int32_t> extend_seq_lens,
+                            std::span<const int32_t> extend_prefix_lens, int32_t num_draft_tokens,
+                            int32_t kv_extra);
 
 // Fills seq_lens_sum and, for decode/verify, the implied extend vectors, so callers can build a
 // batch from the essentials. Does not validate.

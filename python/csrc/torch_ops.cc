@@ -25,8 +25,36 @@
 #include "mla/ops.h"
 #include "mla/upload_staging.h"
 #include "torch_args.h"
+#include "torch_plan.h"
 
 namespace mla::torch_ops {
+
+// Host lengths as an int32 span: an int32 tensor is read in place; an int64 one (SGLang keeps
+// its host mirrors seq_lens_cpu and req_pool_indices_cpu in int64) is narrowed into `scratch`,
+// each value checked to fit, so the engine's tensors need no conversion (and no allocation) in
+// Python. Both must be contiguous 1-D cpu tensors.
+std::span<const int32_t> host_lengths(const at::Tensor& t, std::string_view name,
+                                      std::string_view op, std::vector<int32_t>& scratch) {
+  TORCH_CHECK_VALUE(t.defined(), "mla.", op, ": ", name, " is undefined");
+  if (t.scalar_type() != at::kLong) {
+    check_host_i32(t, name, op);
+    return {t.data_ptr<int32_t>(), static_cast<std::size_t>(t.numel())};
+  }
+  TORCH_CHECK_VALUE(t.is_cpu(), "mla.", op, ": ", name, " is on ", t.device(),
+                    "; planning reads host data, pass a cpu tensor");
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.is_contiguous(), "mla.", op, ": ", name,
+                    " must be a contiguous 1-D tensor, got shape ", t.sizes(), " strides ",
+                    t.strides());
+  const int64_t* v = t.data_ptr<int64_t>();
+  scratch.resize(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < scratch.size(); ++i) {
+    TORCH_CHECK_VALUE(v[i] >= INT32_MIN && v[i] <= INT32_MAX, "mla.", op, ": ", name, "[", i,
+                      "] = ", v[i], " does not fit int32");
+    scratch[i] = static_cast<int32_t>(v[i]);
+  }
+  return scratch;
+}
+
 namespace {
 
 int narrow_int(int64_t v, std::string_view name, std::string_view op) {
@@ -160,32 +188,6 @@ std::vector<int64_t> absorbed_sizes(int64_t max_batch, int64_t max_q_tokens, int
           static_cast<int64_t>(set.absorbed->workspace_bytes(cap))};
 }
 
-// Host lengths as an int32 span: an int32 tensor is read in place; an int64 one (SGLang keeps
-// its host mirrors seq_lens_cpu and req_pool_indices_cpu in int64) is narrowed into `scratch`,
-// each value checked to fit, so the engine's tensors need no conversion (and no allocation) in
-// Python. Both must be contiguous 1-D cpu tensors.
-std::span<const int32_t> host_lengths(const at::Tensor& t, std::string_view name,
-                                      std::string_view op, std::vector<int32_t>& scratch) {
-  TORCH_CHECK_VALUE(t.defined(), "mla.", op, ": ", name, " is undefined");
-  if (t.scalar_type() != at::kLong) {
-    check_host_i32(t, name, op);
-    return {t.data_ptr<int32_t>(), static_cast<std::size_t>(t.numel())};
-  }
-  TORCH_CHECK_VALUE(t.is_cpu(), "mla.", op, ": ", name, " is on ", t.device(),
-                    "; planning reads host data, pass a cpu tensor");
-  TORCH_CHECK_VALUE(t.dim() == 1 && t.is_contiguous(), "mla.", op, ": ", name,
-                    " must be a contiguous 1-D tensor, got shape ", t.sizes(), " strides ",
-                    t.strides());
-  const int64_t* v = t.data_ptr<int64_t>();
-  scratch.resize(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < scratch.size(); ++i) {
-    TORCH_CHECK_VALUE(v[i] >= INT32_MIN && v[i] <= INT32_MAX, "mla.", op, ": ", name, "[", i,
-                      "] = ", v[i], " does not fit int32");
-    scratch[i] = static_cast<int32_t>(v[i]);
-  }
-  return scratch;
-}
-
 // The extents tensor of a plan holder (int64 cpu [7]): what the last plan reads of its page table
 // (mla::TableExtents: max_row, max_kv, flat_end, row_request, kv_request, flat_request) and its
 // page_size, written by absorbed_plan and read by absorbed_run for the table-shape check.
@@ -198,23 +200,21 @@ void check_extents_tensor(const at::Tensor& e, std::string_view op) {
                     kExtentsEntries, " entries");
 }
 
-// req_rows, q_lens, kv_lens: int32 or int64 host tensors (one entry per request). extents
-// (optional): written after a successful plan (see kExtentsEntries).
-void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const at::Tensor& kv_lens,
-                   int64_t staging, const at::Tensor& plan, int64_t num_heads, int64_t page_size,
-                   bool causal, int64_t max_batch, int64_t max_q_tokens, int64_t max_q_len,
-                   const std::optional<at::Tensor>& extents) {
-  constexpr std::string_view op = "absorbed_plan";
-  thread_local std::vector<int32_t> rows_i32, q_i32, kv_i32;  // int64 inputs, narrowed
+}  // namespace
+
+// An absorbed plan of (req_rows, q_lens, kv_lens) into a plan holder's buffer through its staging
+// ring, and its table extents (see kExtentsEntries) when given: what absorbed_plan and the
+// engine planner's engine_plan (engine_ops.cc) both do.
+void absorbed_plan_spans(std::span<const int32_t> req_rows, std::span<const int32_t> q_lens,
+                         std::span<const int32_t> kv_lens, int64_t staging, const at::Tensor& plan,
+                         const AttnCapacity& cap, int64_t page_size, bool causal,
+                         const std::optional<at::Tensor>& extents, std::string_view op) {
   AbsorbedProblem p;
-  p.req_rows = host_lengths(req_rows, "req_rows", op, rows_i32);
-  p.q_lens = host_lengths(q_lens, "q_lens", op, q_i32);
-  p.kv_lens = host_lengths(kv_lens, "kv_lens", op, kv_i32);
+  p.req_rows = req_rows;
+  p.q_lens = q_lens;
+  p.kv_lens = kv_lens;
   if (extents.has_value()) check_extents_tensor(*extents, op);
   const OpSet& set = op_set_for(plan.device(), op);
-  const AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, 0,
-                         narrow_int(max_q_len, "max_q_len", op),
-                         narrow_int(num_heads, "num_heads", op)};
   p.num_heads = cap.num_heads;
   p.page_size = narrow_int(page_size, "page_size", op);
   p.causal = causal;
@@ -233,6 +233,25 @@ void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const a
     e[5] = t.flat_request;
     e[6] = p.page_size;
   }
+}
+
+namespace {
+
+// req_rows, q_lens, kv_lens: int32 or int64 host tensors (one entry per request). extents
+// (optional): written after a successful plan (see kExtentsEntries).
+void absorbed_plan(const at::Tensor& req_rows, const at::Tensor& q_lens, const at::Tensor& kv_lens,
+                   int64_t staging, const at::Tensor& plan, int64_t num_heads, int64_t page_size,
+                   bool causal, int64_t max_batch, int64_t max_q_tokens, int64_t max_q_len,
+                   const std::optional<at::Tensor>& extents) {
+  constexpr std::string_view op = "absorbed_plan";
+  thread_local std::vector<int32_t> rows_i32, q_i32, kv_i32;  // int64 inputs, narrowed
+  const AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, 0,
+                         narrow_int(max_q_len, "max_q_len", op),
+                         narrow_int(num_heads, "num_heads", op)};
+  absorbed_plan_spans(host_lengths(req_rows, "req_rows", op, rows_i32),
+                      host_lengths(q_lens, "q_lens", op, q_i32),
+                      host_lengths(kv_lens, "kv_lens", op, kv_i32), staging, plan, cap, page_size,
+                      causal, extents, op);
 }
 
 // The page table is req_to_token (token-level) or block_table (page ids: [rows, max_blocks], or

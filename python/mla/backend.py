@@ -4,25 +4,30 @@ them on the backend). Engine-neutral: it imports no engine; mla.integrations.sgl
 together with SGLang's own AttentionBackend.
 
 Design (docs/design-decisions.md): the C++ backends own their latent pool (cache and
-req_to_token), while an engine owns its pools as torch tensors. This class plans with the same
-host planners (through the torch ops) and runs the same kernels on the engine's tensors: the
-token-level req_to_token table and one [slots, 1, 576] latent buffer per layer.
+req_to_token), while an engine owns its pools as torch tensors. This class is a translator: per
+batch it hands the engine's host lengths to the C++ engine planner (torch.ops.mla.engine_plan over
+mla::EnginePlanner), which checks them, resolves the per-mode lengths, decides the forward method
+and the fallback by the C++ backends' own functions and plans the absorbed op into the plan holder
+its policy picks (the CUDA-graph holder, the eager one, or a grown one it asks for). The layer
+calls run the same kernels on the engine's tensors: the token-level req_to_token table and one
+[slots, 1, 576] latent buffer per layer.
 
-Families, as in the C++ library:
+Families, as in the C++ library (src/planning/forward_method.cc decides, not this file):
   paged_mla     absorbed attention for decode, verify and draft-extend; for extends, ragged MHA
                 when no request has a cached prefix, absorbed when the prefixes are short
-                (sum below mha_prefix_threshold), chunked-prefix MHA otherwise. Workspaces are
-                allocated at construction for the capacity.
+                (sum below mha_prefix_threshold), chunked-prefix MHA otherwise. The eager plan
+                holder is allocated at construction for the capacity.
   chunked_mla   like paged_mla, but extends with a prefix always take chunked-prefix MHA (the
                 engine gathers and up-projects the prefix chunks; init_mha_chunk_metadata plans
-                one non-causal MHA pass per chunk).
-  ondemand_mla  extends as chunked_mla (the C++ rule), with every buffer allocated on first use
-                and grown on demand.
+                one non-causal MHA pass per chunk), unless the fallback rule holds (fell_back).
+  ondemand_mla  extends as chunked_mla, with every buffer allocated on first use and grown on
+                demand.
 All LSEs are natural log.
 """
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -45,6 +50,10 @@ LATENT_DIM, KV_LORA_RANK, ROPE_DIM = (_support.LATENT_DIM, _support.KV_LORA_RANK
                                       _support.QK_ROPE_DIM)
 QK_HEAD_DIM, V_HEAD_DIM = _support.QK_HEAD_DIM, _support.V_HEAD_DIM
 
+
+# engine_plan's answer: where the absorbed plan went (PlanTarget) and the method (EngineMethod).
+_NONE, _EAGER, _GRAPH, _GROW = 0, 1, 2, 3
+_METHODS = ("absorbed", "mha", "mha_chunked")
 
 _BY_NAME = {"DECODE": "decode", "EXTEND": "extend", "MIXED": "mixed", "IDLE": "idle",
             "TARGET_VERIFY": "target_verify", "DRAFT_EXTEND_V2": "draft_extend"}
@@ -136,16 +145,22 @@ class Backend:
         if token_to_kv_pool is not None:
             self._check_pool(token_to_kv_pool)
         self.forward_method = "absorbed"
-        self._absorbed: Dict[tuple, _ops.AbsorbedPlan] = {}
+        self.fell_back = False  # chunked_mla / ondemand_mla: the batch took the fallback
+        # The C++ engine planner of this family (mla::EnginePlanner): the per-batch decisions.
+        first = _ops.ops.engine_new(name, self.num_heads, self.page_size, self.max_batch,
+                                    self.max_q_len, self.mha_prefix_threshold,
+                                    self.disable_chunked_prefix_cache, False, False)
+        self._engine = int(first[0])
+        weakref.finalize(self, _ops.ops.engine_free, self._engine)
+        self._eager: Optional[_ops.AbsorbedPlan] = None
         self._mha: Optional[_ops.MhaPlan] = None
         self._chunk_plans: List[_ops.MhaPlan] = []
         self._graph_plan: Optional[_ops.AbsorbedPlan] = None
         self._plan: Optional[_ops.AbsorbedPlan] = None
         self._tokens = 0
         self._mode = "decode"
-        self._ones_views: Dict[int, torch.Tensor] = {}
-        # Host scratch of the per-step lengths (verify q_lens and kv_lens, draft steps' kv_lens)
-        # and the int32 write locations of the kv_write path, by name: reused, grown on demand.
+        # Host scratch of the int32 write locations of the kv_write path: reused, grown on
+        # demand.
         self._scratch: Dict[tuple, torch.Tensor] = {}
         self._loc_i32: Optional[tuple] = None  # (out_cache_loc given, its int32 copy) this step
         # The absorbed forward's q / o / lse: one set for eager batches (allocated at the first
@@ -155,33 +170,24 @@ class Backend:
         # absorbed forward call of this backend (the model projects it through W_UV first).
         self._io: Optional[_AbsorbedIO] = None
         self._graph_io: Optional[_AbsorbedIO] = None
-        self._no_prefix = torch.zeros(0, dtype=torch.int32)  # modes without extend prefixes
         self.stats = {"init_forward_metadata_calls": 0, "absorbed_plans": 0, "mha_plans": 0,
                       "mha_chunk_plans": 0, "graph_plans": 0}
-        if name != "ondemand_mla":
-            self._absorbed_plan(self.max_batch, self.max_batch * self.max_q_len, self.max_q_len)
+        if first[1]:  # paged_mla, chunked_mla: the eager holder at construction
+            self._set_holder(False, first[1:4])
 
     # ---- planning helpers ----
-    def _absorbed_plan(self, bs: int, tokens: int, q_len: int) -> _ops.AbsorbedPlan:
-        """A plan holder whose capacity covers the batch (grown on demand, never shrunk)."""
-        for p in self._absorbed.values():
-            if p.max_batch >= bs and p.max_q_tokens >= tokens and p.max_q_len >= q_len:
-                return p
-        cap = (max(bs, 1), max(tokens, 1), max(q_len, 1))
-        if self.name != "ondemand_mla":
-            cap = (max(cap[0], self.max_batch), max(cap[1], self.max_batch * self.max_q_len),
-                   max(cap[2], self.max_q_len))
-        p = _ops.AbsorbedPlan(self.device, self.num_heads, self.page_size, max_batch=cap[0],
-                              max_q_tokens=cap[1], max_q_len=cap[2])
-        self._absorbed[cap] = p
+    def _set_holder(self, graph: bool, cap) -> _ops.AbsorbedPlan:
+        """A plan holder of the capacity the engine planner asked for (max_batch, max_q_tokens,
+        max_q_len), registered with it as the eager or the CUDA-graph holder."""
+        p = _ops.AbsorbedPlan(self.device, self.num_heads, self.page_size, max_batch=int(cap[0]),
+                              max_q_tokens=int(cap[1]), max_q_len=int(cap[2]))
+        _ops.ops.engine_set_holder(self._engine, graph, p._staging.handle, p.plan_tensor,
+                                   p._extents, p.max_batch, p.max_q_tokens, p.max_q_len)
+        if graph:
+            self._graph_plan = p
+        else:
+            self._eager = p
         return p
-
-    def _ones(self, bs: int) -> torch.Tensor:
-        """q_lens of a decode batch: one reused host tensor per batch size (no allocation)."""
-        t = self._ones_views.get(bs)
-        if t is None:
-            t = self._ones_views[bs] = torch.ones(bs, dtype=torch.int32)
-        return t
 
     def _scratch_of(self, name: str, n: int, dtype, device=None) -> torch.Tensor:
         """A reused 1-D buffer of n elements (a view of one grown on demand, never shrunk)."""
@@ -192,10 +198,6 @@ class Backend:
                                                      self.max_batch),
                                                  dtype=dtype, device=device)
         return t[:n]
-
-    def _add(self, name: str, t: torch.Tensor, n: int) -> torch.Tensor:
-        """t + n into a reused host buffer of t's dtype."""
-        return torch.add(t, n, out=self._scratch_of(name, t.numel(), t.dtype))
 
     def _absorbed_io(self, tokens: int, dtype, device) -> _AbsorbedIO:
         """The q / o / lse set of the batch last planned: the graph plan's, or the eager one
@@ -214,51 +216,41 @@ class Backend:
             io = self._io = _AbsorbedIO(max(tokens, grown, base), self.num_heads, dtype, device)
         return io
 
-    def _lengths(self, forward_batch, mode: str):
-        """Host (seq, q_lens, kv_lens, prefix) of a batch, from SGLang's host mirrors."""
-        seq = _host_field(forward_batch, "seq_lens")
-        bs = seq.numel()
-        if mode in ("decode", "idle"):
-            return seq, self._ones(bs), seq, None
-        if mode == "target_verify":
-            spec = getattr(forward_batch, "spec_info", None)
-            n = getattr(spec, "draft_token_num", None)
-            if n is None or int(n) < 1:
-                raise ValueError(f"forward_batch.spec_info.draft_token_num = {n!r}: a "
-                                 "target_verify batch needs the number of draft tokens (>= 1)")
-            n = int(n)
-            q = self._scratch_of("verify_q_lens", bs, torch.int32).fill_(n)
-            return seq, q, self._add("verify_kv_lens", seq, n), None
-        ext = _cpu_i32(forward_batch.extend_seq_lens_cpu, "forward_batch.extend_seq_lens_cpu")
-        prefix = _cpu_i32(forward_batch.extend_prefix_lens_cpu,
-                          "forward_batch.extend_prefix_lens_cpu")
-        if ext.numel() != bs or prefix.numel() != bs:
-            raise ValueError(f"forward_batch.extend_seq_lens_cpu ({ext.numel()}) and "
-                             f"extend_prefix_lens_cpu ({prefix.numel()}) must have one entry per "
-                             f"request ({bs})")
-        return seq, ext, seq, prefix
+    def _draft_tokens(self, forward_batch, mode: str) -> int:
+        """The draft tokens each request of a target_verify batch scores (SGLang's
+        spec_info.draft_token_num); 0 for the other modes."""
+        if mode != "target_verify":
+            return 0
+        spec = getattr(forward_batch, "spec_info", None)
+        n = getattr(spec, "draft_token_num", None)
+        if n is None or int(n) < 1:
+            raise ValueError(f"forward_batch.spec_info.draft_token_num = {n!r}: a "
+                             "target_verify batch needs the number of draft tokens (>= 1)")
+        return int(n)
 
-    def _choose(self, mode: str, prefix: Optional[torch.Tensor], seq: torch.Tensor) -> str:
-        """The forward method, by the C++ backends' own rule (SYSTEM.md 6;
-        torch.ops.mla.forward_method calls family_forward_method, which each C++ backend's
-        choose_forward_method applies) with this backend's options: decode, verify,
-        draft-extend and idle absorbed; plain extends (extend, mixed) by the family's rule
-        (paged_mla: prefix threshold; chunked_mla, ondemand_mla: chunked unless fallback).
-        The adapters have no one-shot MHA form (the engine gathers prefix chunks itself), so
-        chunked_prefix_capacity is 0 and an MHA extend is "mha" (causal over the new tokens)
-        without a prefix, "mha_chunked" with one. Decode, the per-step hot path, is absorbed
-        without the call (the rule's first line; test_backend_neutral checks it agrees)."""
-        if mode == "decode":
-            return "absorbed"
-        if prefix is None:
-            prefix = self._no_prefix
-        method = _ops.ops.forward_method(
-            self.name, mode, prefix, int(seq.sum()), self.mha_prefix_threshold, 0,
-            self.disable_chunked_prefix_cache, False, False)
-        if method == "absorbed":
-            return method
-        has_prefix = bool((prefix > 0).any()) if prefix.numel() else False
-        return "mha_chunked" if has_prefix else "mha"
+    def _kv_extra(self, forward_batch, mode: str) -> int:
+        """Keys every request sees past its seq_len (an engine's draft step); 0 here."""
+        return 0
+
+    def _engine_plan(self, forward_batch, mode: str):
+        """One call of the engine planner over the batch's host lengths (SGLang's host mirrors,
+        int32 or int64, read in place by the op)."""
+        seq = _host_field(forward_batch, "seq_lens")
+        rows = seq if mode == "idle" else _host_field(forward_batch, "req_pool_indices")
+        ext = prefix = None
+        if mode in ("extend", "mixed", "draft_extend"):
+            ext = _cpu_i32(forward_batch.extend_seq_lens_cpu, "forward_batch.extend_seq_lens_cpu")
+            prefix = _cpu_i32(forward_batch.extend_prefix_lens_cpu,
+                              "forward_batch.extend_prefix_lens_cpu")
+        return _ops.ops.engine_plan(self._engine, mode, rows, seq, ext, prefix,
+                                    self._draft_tokens(forward_batch, mode),
+                                    self._kv_extra(forward_batch, mode))
+
+    def planned_lengths(self) -> Dict[str, torch.Tensor]:
+        """The lengths of the batch last planned, as the C++ planner resolved them per mode
+        (new int32 cpu tensors): q_lens, kv_lens, prefix_lens, qo_indptr, kv_indptr."""
+        names = ("q_lens", "kv_lens", "prefix_lens", "qo_indptr", "kv_indptr")
+        return dict(zip(names, _ops.ops.engine_lengths(self._engine)))
 
     # ---- SGLang AttentionBackend interface ----
     def init_forward_metadata(self, forward_batch) -> None:
@@ -269,43 +261,35 @@ class Backend:
         self.stats["init_forward_metadata_calls"] += 1
         mode = _mode_name(forward_batch.forward_mode, self.name)
         self._mode = mode
-        seq, q_lens, kv_lens, prefix = self._lengths(forward_batch, mode)
-        decode = mode in ("decode", "idle")
-        self._tokens = q_lens.numel() if decode else int(q_lens.sum())
-        self.forward_method = self._choose(mode, prefix, seq)
+        r = self._engine_plan(forward_batch, mode)
+        if r[0] == _GROW:  # the eager holder is missing or too small: the planner's capacity
+            self._set_holder(False, r[7:10])
+            r = self._engine_plan(forward_batch, mode)
+        target = r[0]
+        self.forward_method = _METHODS[r[1]]
+        self.fell_back = bool(r[2])
+        self._tokens = r[4]
         self._loc_i32 = None
         if self._chunk_plans:
             self._chunk_plans = []
-        if mode == "idle" or self._tokens == 0:
-            return
-        if self.forward_method == "absorbed":
-            bs = q_lens.numel()
-            if decode:
-                q_max = 1
-            elif mode == "target_verify":  # every request scores the same number of drafts
-                q_max = int(q_lens[0])
-            else:
-                q_max = int(q_lens.max())
-            g = self._graph_plan
-            if (mode in ("decode", "target_verify") and g is not None and bs <= g.max_batch
-                    and self._tokens <= g.max_q_tokens and q_max <= g.max_q_len):
-                p = g
+        if target == _EAGER or target == _GRAPH:
+            p = self._graph_plan if target == _GRAPH else self._eager
+            if target == _GRAPH:
                 self.stats["graph_plans"] += 1
-            else:
-                p = self._absorbed_plan(bs, self._tokens, q_max)
-            # Host int32 / int64 tensors already (_host_field, _ones, the reused buffers).
-            p._plan_host(_host_field(forward_batch, "req_pool_indices"), q_lens, kv_lens)
+            p.planned = True
             self._plan = p
             self.stats["absorbed_plans"] += 1
             return
-        qo = torch.zeros(q_lens.numel() + 1, dtype=torch.int32)
-        torch.cumsum(q_lens, 0, out=qo[1:])
+        if self.forward_method == "absorbed":  # idle, or no tokens: nothing to plan
+            return
+        bs, tokens = r[3], r[4]
+        qo = _ops.ops.engine_lengths(self._engine)[3]
         p = self._mha
-        if (p is None or p.max_batch < q_lens.numel() or p.max_q_tokens < self._tokens):
+        if p is None or p.max_batch < bs or p.max_q_tokens < tokens:
             p = _ops.MhaPlan(self.device, self.num_heads, causal=True,
-                             max_batch=max(q_lens.numel(), self.max_batch),
-                             max_q_tokens=max(self._tokens, self.max_extend_tokens),
-                             max_kv_tokens=max(self._tokens, self.max_extend_tokens))
+                             max_batch=max(bs, self.max_batch),
+                             max_q_tokens=max(tokens, self.max_extend_tokens),
+                             max_kv_tokens=max(tokens, self.max_extend_tokens))
             self._mha = p
         p.plan(qo, qo)
         self._qo_indptr = qo
@@ -345,11 +329,9 @@ class Backend:
             self.stats["mha_chunk_plans"] += 1
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        """The plan a captured decode / target-verify graph reads (fixed addresses)."""
-        q_len = max(1, -(-int(max_num_tokens) // int(max_bs)))
-        self._graph_plan = _ops.AbsorbedPlan(self.device, self.num_heads, self.page_size,
-                                             max_batch=int(max_bs),
-                                             max_q_tokens=int(max_num_tokens), max_q_len=q_len)
+        """The plan a captured decode / target-verify graph reads (fixed addresses), of the
+        capacity the C++ graph state has (torch.ops.mla.engine_graph_capacity)."""
+        self._set_holder(True, _ops.ops.engine_graph_capacity(int(max_bs), int(max_num_tokens)))
         # The q / o / lse a captured graph points at, allocated now (bf16, the served q dtype)
         # so that capture never allocates them and they never move.
         self._graph_io = _AbsorbedIO(int(max_num_tokens), self.num_heads, torch.bfloat16,
@@ -519,12 +501,13 @@ class Backend:
                              "device": str(t.device), "bytes": t.numel() * t.element_size(),
                              "zeroed": False})
 
-        for i, p in enumerate(self._absorbed.values()):
-            add(f"absorbed_plan[{i}]", p.plan_tensor)
-            add(f"absorbed_workspace[{i}]", p.workspace)
+        p = self._eager
+        if p is not None:
+            add("absorbed_plan", p.plan_tensor)
+            add("absorbed_workspace", p.workspace)
             for j, nbytes in enumerate(p._staging.host_bytes()):
                 if nbytes:
-                    rows.append({"name": f"{self.name}.absorbed_staging[{i}][{j}]",
+                    rows.append({"name": f"{self.name}.absorbed_staging[{j}]",
                                  "owner": self.name, "device": "cpu (pinned)", "bytes": nbytes,
                                  "zeroed": False})
         if self._graph_plan is not None:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "mla/engine_planner.h"
 #include "mla/memory.h"
 
 namespace mla::backends {
@@ -155,48 +156,16 @@ Status BackendBase::upload(void* dst, const void* src, std::size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // Host side of a batch: request rows, lengths and indptrs into the plan's reused vectors.
 Status BackendBase::collect(const ForwardBatch& batch) {
-  const int bs = batch.batch_size;
   plan_.mode = batch.mode;
   BatchPlan::Host& h = plan_.host;
-  h.req_rows.resize(bs);
-  h.q_lens.resize(bs);
-  h.kv_lens.resize(bs);
-  h.prefix_lens.resize(bs);
-  h.qo_indptr.resize(static_cast<std::size_t>(bs) + 1);
-  h.kv_indptr.resize(static_cast<std::size_t>(bs) + 1);
-  h.qo_indptr[0] = 0;
-  h.kv_indptr[0] = 0;
-  // q_len / kv_len per mode (ForwardBatch::q_len / kv_len), resolved once for the whole batch:
-  // decode q 1 and kv seq; verify q n and kv seq + n; the extend modes q extend_seq_lens[b].
-  const ForwardMode mode = batch.mode;
-  const bool fixed_q = mode == ForwardMode::kDecode || mode == ForwardMode::kTargetVerify;
-  const int32_t q_fixed = mode == ForwardMode::kDecode ? 1 : batch.num_draft_tokens;
-  const int32_t kv_extra = mode == ForwardMode::kTargetVerify ? batch.num_draft_tokens : 0;
-  const int32_t* seq = batch.seq_lens.data();
-  const int32_t* ext = fixed_q ? nullptr : batch.extend_seq_lens.data();
-  const int32_t* rows = batch.req_pool_indices.data();
-  int32_t max_q = 1;
-  bool prefix = false;
-  int32_t qo = 0, kvo = 0;
-  for (int b = 0; b < bs; ++b) {
-    const int32_t q = fixed_q ? q_fixed : ext[b];
-    const int32_t kv = seq[b] + kv_extra;
-    h.req_rows[b] = rows[b];
-    h.q_lens[b] = q;
-    h.kv_lens[b] = kv;
-    h.prefix_lens[b] = kv - q;
-    qo += q;
-    kvo += kv;
-    h.qo_indptr[b + 1] = qo;
-    h.kv_indptr[b + 1] = kvo;
-    max_q = std::max(max_q, q);
-    prefix = prefix || kv > q;
-  }
-  plan_.batch_size = bs;
-  plan_.num_tokens = qo;
-  plan_.kv_tokens = kvo;
-  plan_.max_q_len = max_q;
-  plan_.has_prefix = prefix;
+  h.req_rows.assign(batch.req_pool_indices.begin(), batch.req_pool_indices.end());
+  const BatchShape s = resolve_lengths(batch.mode, batch.seq_lens, batch.extend_seq_lens,
+                                       batch.num_draft_tokens, /*kv_extra=*/0, &h);
+  plan_.batch_size = s.batch_size;
+  plan_.num_tokens = s.num_tokens;
+  plan_.kv_tokens = s.kv_tokens;
+  plan_.max_q_len = s.max_q_len;
+  plan_.has_prefix = s.has_prefix;
   return Status::Ok();
 }
 
@@ -476,8 +445,7 @@ Status BackendBase::init_cuda_graph_state(int max_bs, int64_t max_num_tokens) {
   const AbsorbedAttentionOp* op = ops_->absorbed.get();
   if (op == nullptr) return unsupported("{}: op set '{}' has no absorbed op", name_, ops_->name);
   const int H = options_.model.num_heads;
-  const int q_len = static_cast<int>((max_num_tokens + max_bs - 1) / max_bs);
-  graph_cap_ = AttnCapacity{max_bs, max_num_tokens, 0, q_len, H, options_.batch_invariant};
+  graph_cap_ = graph_capacity(max_bs, max_num_tokens, H, options_.batch_invariant);
   graph_ready_ = false;
   const Device dev = options_.device;
   MLA_ASSIGN_OR_RETURN(graph_plan_,

@@ -41,6 +41,11 @@ inline planning::MethodOptions method_options(const BackendOptions& o) {
   return m;
 }
 
+// The ExtendRule of a registered family (paged_mla, chunked_mla, ondemand_mla): the one map from
+// name to rule (family_forward_method and EnginePlanner read it). kInvalidArgument naming the
+// name otherwise.
+StatusOr<planning::ExtendRule> family_extend_rule(std::string_view family);
+
 class BackendBase : public AttentionBackend {
  public:
   // Up-projected rows per MHA pass: the largest N <= options.chunked_prefix_capacity whose k, v,

@@ -36,8 +36,10 @@ struct BatchPlan {
   int64_t kv_tokens = 0;   // sum of kv_len
   int max_q_len = 1;
   bool has_prefix = false;  // some request has kv_len > q_len
-  struct Host {             // host copies the planners read
-    std::vector<int32_t> req_rows, q_lens, kv_lens, prefix_lens, qo_indptr, kv_indptr;
+  // Host copies the planners read: the lengths per mode (resolve_lengths, mla/batch.h: the rule
+  // the engine adapters share) and the batch's rows and slots.
+  struct Host : BatchLengths {
+    std::vector<int32_t> req_rows;
     std::vector<int32_t> out_cache_loc;  // graph: padded
     std::vector<int32_t> slots;          // one-shot gather list
     std::vector<std::byte> op_plan;      // an op's host plan before its upload

@@ -108,18 +108,7 @@ StatusOr<std::unique_ptr<AttentionBackend>> BackendRegistry::create(
 
 StatusOr<ForwardMethod> family_forward_method(std::string_view name, const BackendOptions& options,
                                               const ForwardBatch& batch) {
-  planning::ExtendRule rule;
-  if (name == "paged_mla") {
-    rule = backends::PagedMlaBackend::kExtendRule;
-  } else if (name == "chunked_mla") {
-    rule = backends::ChunkedMlaBackend::kExtendRule;
-  } else if (name == "ondemand_mla") {
-    rule = backends::OndemandMlaBackend::kExtendRule;
-  } else {
-    return invalid_argument(
-        "backend '{}' has no forward-method rule (known: paged_mla, chunked_mla, ondemand_mla)",
-        name);
-  }
+  MLA_ASSIGN_OR_RETURN(const planning::ExtendRule rule, backends::family_extend_rule(name));
   return planning::choose_forward_method(rule, backends::method_options(options), batch);
 }
 

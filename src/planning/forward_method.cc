@@ -9,37 +9,46 @@ bool is_plain_extend(ForwardMode m) {
   return m == ForwardMode::kExtend || m == ForwardMode::kMixed;
 }
 
-int64_t prefix_sum(const ForwardBatch& batch) {
+int64_t prefix_sum(const BatchFacts& batch) {
   int64_t sum = 0;
-  const int n = std::min<int>(batch.batch_size, static_cast<int>(batch.extend_prefix_lens.size()));
-  for (int b = 0; b < n; ++b) sum += batch.extend_prefix_lens[static_cast<std::size_t>(b)];
+  for (int32_t p : batch.prefix_lens) sum += p;
   return sum;
 }
 
 }  // namespace
 
-bool batch_has_prefix(const ForwardBatch& batch) {
-  if (!is_plain_extend(batch.mode)) return false;
-  const int n = std::min<int>(batch.batch_size, static_cast<int>(batch.extend_prefix_lens.size()));
-  for (int b = 0; b < n; ++b) {
-    if (batch.extend_prefix_lens[static_cast<std::size_t>(b)] > 0) return true;
-  }
-  return false;
+BatchFacts facts_of(const ForwardBatch& batch) {
+  const std::size_t n = std::min<std::size_t>(
+      static_cast<std::size_t>(std::max(batch.batch_size, 0)), batch.extend_prefix_lens.size());
+  return BatchFacts{batch.mode, std::span<const int32_t>(batch.extend_prefix_lens.data(), n),
+                    batch.seq_lens_sum};
 }
+
+bool batch_has_prefix(const BatchFacts& batch) {
+  if (!is_plain_extend(batch.mode)) return false;
+  return std::any_of(batch.prefix_lens.begin(), batch.prefix_lens.end(),
+                     [](int32_t p) { return p > 0; });
+}
+
+bool batch_has_prefix(const ForwardBatch& batch) { return batch_has_prefix(facts_of(batch)); }
 
 bool fallback_possible(const MethodOptions& options) {
   return options.disable_chunked_prefix_cache || options.piecewise_cuda_graph ||
          options.batch_invariant;
 }
 
-bool should_fall_back(const MethodOptions& options, const ForwardBatch& batch) {
+bool should_fall_back(const MethodOptions& options, const BatchFacts& batch) {
   if (!is_plain_extend(batch.mode)) return false;
   return (options.disable_chunked_prefix_cache && batch_has_prefix(batch)) ||
          options.piecewise_cuda_graph || options.batch_invariant;
 }
 
+bool should_fall_back(const MethodOptions& options, const ForwardBatch& batch) {
+  return should_fall_back(options, facts_of(batch));
+}
+
 BatchMethod decide_batch_method(ExtendRule rule, const MethodOptions& options,
-                                const ForwardBatch& batch) {
+                                const BatchFacts& batch) {
   BatchMethod d;
   d.fell_back = should_fall_back(options, batch);
   if (!is_plain_extend(batch.mode) || d.fell_back) return d;  // absorbed
@@ -49,8 +58,13 @@ BatchMethod decide_batch_method(ExtendRule rule, const MethodOptions& options,
   return d;
 }
 
+BatchMethod decide_batch_method(ExtendRule rule, const MethodOptions& options,
+                                const ForwardBatch& batch) {
+  return decide_batch_method(rule, options, facts_of(batch));
+}
+
 ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& options,
-                                    const ForwardBatch& batch) {
+                                    const BatchFacts& batch) {
   if (!is_plain_extend(batch.mode)) return ForwardMethod::kAbsorbed;
   if (rule == ExtendRule::kChunkedUnlessFallback) {
     return should_fall_back(options, batch) ? ForwardMethod::kAbsorbed : ForwardMethod::kMhaChunked;
@@ -62,6 +76,11 @@ ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& option
   if (!mha) return ForwardMethod::kAbsorbed;
   return batch.seq_lens_sum <= options.chunked_prefix_capacity ? ForwardMethod::kMhaOneShot
                                                                : ForwardMethod::kMhaChunked;
+}
+
+ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& options,
+                                    const ForwardBatch& batch) {
+  return choose_forward_method(rule, options, facts_of(batch));
 }
 
 }  // namespace mla::planning

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "mla/batch.h"
 #include "mla/forward_method.h"
@@ -29,7 +30,18 @@ struct MethodOptions {
 //     ondemand_mla).
 enum class ExtendRule : uint8_t { kPrefixThreshold, kChunkedUnlessFallback };
 
+// What the rules read of a batch: its mode, the cached prefix of each request and sum(seq_lens).
+// The C++ backends take it from their ForwardBatch (facts_of), the engine adapters from the
+// engine's host lengths (EnginePlanner): one rule for both.
+struct BatchFacts {
+  ForwardMode mode = ForwardMode::kDecode;
+  std::span<const int32_t> prefix_lens;  // [bs] (read for extend and mixed only)
+  int64_t seq_lens_sum = 0;
+};
+BatchFacts facts_of(const ForwardBatch& batch);
+
 // Any request of an extend or mixed batch with a cached prefix.
+bool batch_has_prefix(const BatchFacts& batch);
 bool batch_has_prefix(const ForwardBatch& batch);
 
 // Whether the configuration can ever fall back (then the fallback's resources are created at
@@ -40,12 +52,15 @@ bool fallback_possible(const MethodOptions& options);
 //   (disable_chunked_prefix_cache and any request has a prefix) or piecewise-graph mode or
 //   batch_invariant,
 // for plain extends (extend, mixed) only: decode, verify, draft-extend and idle never fall back.
+bool should_fall_back(const MethodOptions& options, const BatchFacts& batch);
 bool should_fall_back(const MethodOptions& options, const ForwardBatch& batch);
 
 // SYSTEM.md 6, last paragraph:
 //  - decode, target-verify, draft-extend, idle: absorbed;
 //  - piecewise-graph mode or batch_invariant: absorbed for every rule;
 //  - plain extends: the ExtendRule.
+ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& options,
+                                    const BatchFacts& batch);
 ForwardMethod choose_forward_method(ExtendRule rule, const MethodOptions& options,
                                     const ForwardBatch& batch);
 
@@ -55,6 +70,8 @@ struct BatchMethod {
   ForwardMethod method = ForwardMethod::kAbsorbed;
   bool fell_back = false;  // should_fall_back(options, batch)
 };
+BatchMethod decide_batch_method(ExtendRule rule, const MethodOptions& options,
+                                const BatchFacts& batch);
 BatchMethod decide_batch_method(ExtendRule rule, const MethodOptions& options,
                                 const ForwardBatch& batch);
 

@@ -89,15 +89,25 @@ def test_forward_method_is_the_cpp_rule_and_names_bad_input():
     for mode in ("decode", "target_verify", "draft_extend", "idle"):
         for fam in ("paged_mla", "chunked_mla", "ondemand_mla"):
             assert fm(fam, mode, i32([4]), 9, 0, 0, False, False, False) == "absorbed"
-    # Backend._choose maps the rule to its two MHA forms and skips the call only for decode.
+    # mla.Backend plans through the C++ engine planner (the same rule): its two MHA forms are
+    # "mha" without a prefix and "mha_chunked" with one.
     be = Backend("paged_mla", num_heads=16, page_size=16, device="cpu", sm_scale=0.1,
                  mha_prefix_threshold=32)
-    seq = i32([40, 5])
-    assert be._choose("decode", None, seq) == "absorbed"
-    assert be._choose("target_verify", None, seq) == "absorbed"
-    assert be._choose("extend", i32([0, 0]), seq) == "mha"
-    assert be._choose("extend", i32([30, 0]), seq) == "absorbed"
-    assert be._choose("extend", i32([35, 0]), seq) == "mha_chunked"
+    seq = [40, 5]
+
+    def method(mode, prefix=(0, 0)):
+        be.init_forward_metadata(SimpleNamespace(
+            forward_mode=mode, seq_lens_cpu=i32(seq), req_pool_indices_cpu=i32([1, 2]),
+            extend_prefix_lens_cpu=i32(list(prefix)),
+            extend_seq_lens_cpu=i32([s - p for s, p in zip(seq, prefix)]),
+            spec_info=SimpleNamespace(draft_token_num=2)))
+        return be.forward_method
+
+    assert method("decode") == "absorbed"
+    assert method("target_verify") == "absorbed"
+    assert method("extend", (0, 0)) == "mha"
+    assert method("extend", (30, 0)) == "absorbed"
+    assert method("extend", (35, 0)) == "mha_chunked"
     with pytest.raises(ValueError, match="backend 'flashinfer' has no forward-method rule"):
         fm("flashinfer", "extend", i32([0]), 9, 0, 0, False, False, False)
     with pytest.raises(ValueError, match="mode = 'prefill_v2'"):

@@ -191,6 +191,9 @@ def test_extend_with_prefix_chunked(family, monkeypatch, device):
         o, lse = layer.forward(q, k, v, fb, save_kv_cache=False)
         fb.prepare_chunked_prefix_cache_info(device)
         assert fb.num_prefix_chunks == 3 and fb.prefix_chunk_cu_seq_lens.dim() == 2
+        # SGLang's chunks are mla's chunk planner's (capacity 32 over the prefixes).
+        assert fb.prefix_chunk_seq_lens_cpu.tolist() == torch.ops.mla.chunk_plan(
+            torch.tensor(prefix), 32).tolist()
         be.init_mha_chunk_metadata(fb)
         fb.set_attn_attend_prefix_cache(True)
         o, lse = o.view(6, H, 128), lse

@@ -82,7 +82,11 @@ def test_chunked_prefix_gate_keeps_chunked_prefix_for_mla_names(name):
         be = model_runner_backend(env.runner(case, heads=H))
         assert isinstance(be, plugin.BACKEND_CLASSES[name])
         assert be.disable_chunked_prefix_cache is False
-        fb = env.batch(case, "extend", q_lens, prefix=[9000, 10])
+        # Prefixes past paged_mla's threshold (8192), with the seq_lens they imply (planning
+        # reads no cache or table, so the case's short pool serves).
+        long_prefix = [9000, 10]
+        fb = env.batch(case, "extend", q_lens, prefix=long_prefix,
+                       kv_lens=[p + q for p, q in zip(long_prefix, q_lens)])
         be.init_forward_metadata(fb)
         assert be.forward_method == "mha_chunked"
         assert handler_method(be, fb) == AttnForwardMethod.MHA_CHUNKED_KV
@@ -271,7 +275,7 @@ def test_draft_decode_graph_hooks_plan_each_step_into_its_graph_plan():
     dec.init_forward_metadata_in_graph(fb)
     for i, b in enumerate(dec.attn_backends):
         assert b._plan is b._graph_plan
-        assert b._plan._kv_lens.tolist() == [c + i + 1 for c in committed]
+        assert b.planned_lengths()["kv_lens"].tolist() == [c + i + 1 for c in committed]
 
 
 # ---- DeepSeek's own attention module (DeepseekV2AttentionMLA) over mla's backends ----

@@ -235,14 +235,16 @@ if _SGLangBase is not None:
         def _write_loc(self, forward_batch):
             return _KVWriteLoc.for_batch(forward_batch)
 
-        def _lengths(self, forward_batch, mode):
+        def _draft_tokens(self, forward_batch, mode):
             spec = getattr(forward_batch, "spec_info", None)
             if mode == "target_verify" and int(getattr(spec, "topk", 1) or 1) > 1:
                 raise ValueError(f"forward_batch.spec_info.topk = {spec.topk}: {self.name} "
                                  "verifies chains of draft tokens (causal), not trees (topk 1)")
-            lengths = Backend._lengths(self, forward_batch, mode)
+            return Backend._draft_tokens(self, forward_batch, mode)
+
+        def _kv_extra(self, forward_batch, mode):
             if self.draft_step is None or mode == "idle":
-                return lengths
+                return 0
             if mode != "decode":
                 raise ValueError(f"forward_batch.forward_mode = {forward_batch.forward_mode!r}: "
                                  f"draft step {self.draft_step} of {self.name} plans the draft "
@@ -250,8 +252,7 @@ if _SGLangBase is not None:
             # SGLang's draft decode batch keeps seq_lens at the committed length; step i's
             # token sees the i + 1 draft tokens written past it (prepare_for_draft writes
             # them at req_to_token[row, seq_len:seq_len + steps]).
-            seq, q_lens, kv_lens, prefix = lengths
-            return seq, q_lens, self._add("draft_kv_lens", kv_lens, self.draft_step + 1), prefix
+            return self.draft_step + 1
 
         def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
             return None  # chain verify: no tree mask or positions to refill

@@ -1,0 +1,229 @@
+// The engine planner bound for mla.Backend (torch.ops.mla.engine_*): a backend family's per-batch
+// planning over an engine's own pools (mla::backends::EnginePlanner, the same lengths, checks,
+// method and fallback rule as the C++ backends), named by an int handle as the plan stagings are
+// (docs/design-decisions.md, "Plan staging in the op library"). The plan holders (device plan
+// buffer, staging ring, extents) are the Python backend's mla.ops.AbsorbedPlan objects,
+// registered here once; one engine_plan call per batch checks the engine's host lengths, decides,
+// and plans the absorbed op into the holder the planner picked.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mla/engine_planner.h"
+#include "torch_args.h"
+#include "torch_plan.h"
+
+namespace mla::torch_ops {
+namespace {
+
+struct Holder {
+  int64_t staging = 0;
+  at::Tensor plan, extents;
+  AttnCapacity cap;
+};
+
+struct EngineState {
+  explicit EngineState(EnginePlanner p) : planner(std::move(p)) {}
+  EnginePlanner planner;
+  int64_t page_size = 1;
+  Holder eager, graph;
+  std::vector<int32_t> rows, seq, ext, prefix;  // int64 inputs, narrowed
+};
+
+std::mutex& engine_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<int64_t, std::unique_ptr<EngineState>>& engine_table() {
+  static auto* t = new std::unordered_map<int64_t, std::unique_ptr<EngineState>>();
+  return *t;  // leaked on purpose: handles may be freed from Python finalizers at exit
+}
+
+EngineState& engine_of(int64_t handle, std::string_view op) {
+  std::lock_guard<std::mutex> lock(engine_mutex());
+  auto it = engine_table().find(handle);
+  TORCH_CHECK_VALUE(it != engine_table().end(), "mla.", op, ": engine = ", handle,
+                    " is not a live engine planner handle (torch.ops.mla.engine_new)");
+  return *it->second;
+}
+
+int to_int(int64_t v, std::string_view name, std::string_view op) {
+  TORCH_CHECK_VALUE(v >= 0 && v <= INT32_MAX, "mla.", op, ": ", name, " = ", v,
+                    " must be in [0, 2^31)");
+  return static_cast<int>(v);
+}
+
+std::vector<int64_t> capacity_list(const AttnCapacity& c) {
+  return {c.max_batch, c.max_q_tokens, c.max_q_len};
+}
+
+// [handle, max_batch, max_q_tokens, max_q_len of the eager holder to build now (0: none)]
+std::vector<int64_t> engine_new(const std::string& family, int64_t num_heads, int64_t page_size,
+                                int64_t max_batch, int64_t max_q_len, int64_t mha_prefix_threshold,
+                                bool disable_chunked_prefix_cache, bool piecewise_cuda_graph,
+                                bool batch_invariant) {
+  constexpr std::string_view op = "engine_new";
+  BackendOptions o;
+  o.model.num_heads = to_int(num_heads, "num_heads", op);
+  o.max_batch = to_int(max_batch, "max_batch", op);
+  o.max_q_len = to_int(max_q_len, "max_q_len", op);
+  o.mha_prefix_threshold = mha_prefix_threshold;
+  o.disable_chunked_prefix_cache = disable_chunked_prefix_cache;
+  o.piecewise_cuda_graph = piecewise_cuda_graph;
+  o.batch_invariant = batch_invariant;
+  StatusOr<EnginePlanner> p = EnginePlanner::create(family, o);
+  throw_if_error(p.status(), op);
+  auto state = std::make_unique<EngineState>(std::move(p).value());
+  state->page_size = page_size;
+  const AttnCapacity first = state->planner.initial_eager_capacity();
+  static int64_t next = 1;
+  std::lock_guard<std::mutex> lock(engine_mutex());
+  const int64_t handle = next++;
+  engine_table().emplace(handle, std::move(state));
+  return {handle, first.max_batch, first.max_q_tokens, first.max_q_len};
+}
+
+void engine_free(int64_t handle) {
+  std::unique_ptr<EngineState> gone;
+  std::lock_guard<std::mutex> lock(engine_mutex());
+  auto it = engine_table().find(handle);
+  TORCH_CHECK_VALUE(it != engine_table().end(), "mla.engine_free: engine = ", handle,
+                    " is not a live engine planner handle");
+  gone = std::move(it->second);
+  engine_table().erase(it);
+}
+
+// Registers the eager (graph = false) or CUDA-graph plan holder of capacity (max_batch,
+// max_q_tokens, max_q_len): its staging handle, plan buffer and extents tensor.
+void engine_set_holder(int64_t engine, bool graph, int64_t staging, const at::Tensor& plan,
+                       const at::Tensor& extents, int64_t max_batch, int64_t max_q_tokens,
+                       int64_t max_q_len) {
+  constexpr std::string_view op = "engine_set_holder";
+  EngineState& e = engine_of(engine, op);
+  Holder h;
+  h.staging = staging;
+  h.plan = plan;
+  h.extents = extents;
+  h.cap = AttnCapacity{to_int(max_batch, "max_batch", op), max_q_tokens, 0,
+                       to_int(max_q_len, "max_q_len", op), e.planner.num_heads()};
+  if (graph) {
+    e.graph = h;
+    e.planner.set_graph_capacity(h.cap);
+  } else {
+    e.eager = h;
+    e.planner.set_eager_capacity(h.cap);
+  }
+}
+
+// The capacity of a CUDA graph's plan holder: [max_bs, max_num_tokens, max_q_len].
+std::vector<int64_t> engine_graph_capacity(int64_t max_bs, int64_t max_num_tokens) {
+  constexpr std::string_view op = "engine_graph_capacity";
+  TORCH_CHECK_VALUE(max_bs >= 1 && max_num_tokens >= max_bs, "mla.", op, ": max_bs = ", max_bs,
+                    " and max_num_tokens = ", max_num_tokens,
+                    " (max_bs >= 1, at least one token per request)");
+  return capacity_list(graph_capacity(to_int(max_bs, "max_bs", op), max_num_tokens, 0, false));
+}
+
+// One batch: [target, method, fell_back, batch_size, num_tokens, max_q_len, has_prefix,
+// capacity max_batch, max_q_tokens, max_q_len]. target: PlanTarget (0 none, 1 eager, 2 graph,
+// 3 grow: build an eager holder of the capacity, register it, call again); method: EngineMethod
+// (0 absorbed, 1 mha, 2 mha_chunked). The absorbed plan is made into the eager or graph holder.
+std::vector<int64_t> engine_plan(int64_t engine, const std::string& mode,
+                                 const at::Tensor& req_rows, const at::Tensor& seq_lens,
+                                 const std::optional<at::Tensor>& extend_seq_lens,
+                                 const std::optional<at::Tensor>& extend_prefix_lens,
+                                 int64_t num_draft_tokens, int64_t kv_extra) {
+  constexpr std::string_view op = "engine_plan";
+  EngineState& e = engine_of(engine, op);
+  EngineBatch b;
+  TORCH_CHECK_VALUE(parse_forward_mode(mode, &b.mode), "mla.", op, ": mode = '", mode,
+                    "' is not one of decode, extend, mixed, target_verify, draft_extend, idle");
+  b.req_rows = host_lengths(req_rows, "req_pool_indices", op, e.rows);
+  b.seq_lens = host_lengths(seq_lens, "seq_lens", op, e.seq);
+  if (extend_seq_lens.has_value()) {
+    b.extend_seq_lens = host_lengths(*extend_seq_lens, "extend_seq_lens", op, e.ext);
+  }
+  if (extend_prefix_lens.has_value()) {
+    b.extend_prefix_lens = host_lengths(*extend_prefix_lens, "extend_prefix_lens", op, e.prefix);
+  }
+  b.num_draft_tokens = to_int(num_draft_tokens, "num_draft_tokens", op);
+  b.kv_extra = to_int(kv_extra, "kv_extra", op);
+  EngineDecision d;
+  throw_if_error(e.planner.plan(b, &d), op);
+  if (d.target == PlanTarget::kEager || d.target == PlanTarget::kGraph) {
+    const Holder& h = d.target == PlanTarget::kGraph ? e.graph : e.eager;
+    const BatchLengths& l = e.planner.lengths();
+    absorbed_plan_spans(b.req_rows, l.q_lens, l.kv_lens, h.staging, h.plan, h.cap, e.page_size,
+                        /*causal=*/true, h.extents, op);
+  }
+  const AttnCapacity& c = d.capacity;
+  return {static_cast<int64_t>(d.target),
+          static_cast<int64_t>(d.method),
+          d.fell_back,
+          d.shape.batch_size,
+          d.shape.num_tokens,
+          d.shape.max_q_len,
+          d.shape.has_prefix,
+          c.max_batch,
+          c.max_q_tokens,
+          c.max_q_len};
+}
+
+at::Tensor i32_tensor(const std::vector<int32_t>& v) {
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kInt);
+  std::copy(v.begin(), v.end(), t.data_ptr<int32_t>());
+  return t;
+}
+
+// The lengths of the batch last planned, as new int32 cpu tensors:
+// [q_lens, kv_lens, prefix_lens, qo_indptr, kv_indptr].
+std::vector<at::Tensor> engine_lengths(int64_t engine) {
+  const BatchLengths& l = engine_of(engine, "engine_lengths").planner.lengths();
+  return {i32_tensor(l.q_lens), i32_tensor(l.kv_lens), i32_tensor(l.prefix_lens),
+          i32_tensor(l.qo_indptr), i32_tensor(l.kv_indptr)};
+}
+
+// The chunked-prefix planner (SYSTEM.md 6, prefix_chunk_lens): len[c, b] of every
+// chunk, int32 [num_chunks, bs], for prefix lengths (int32 / int64 cpu) and a capacity.
+at::Tensor chunk_plan(const at::Tensor& prefix_lens, int64_t capacity) {
+  constexpr std::string_view op = "chunk_plan";
+  std::vector<int32_t> scratch;
+  const std::span<const int32_t> p = host_lengths(prefix_lens, "prefix_lens", op, scratch);
+  std::vector<int32_t> lens;
+  StatusOr<int> chunks = prefix_chunk_lens(p, capacity, &lens);
+  throw_if_error(chunks.status(), op);
+  at::Tensor out = at::empty({*chunks, static_cast<int64_t>(p.size())}, at::kInt);
+  std::copy(lens.begin(), lens.end(), out.data_ptr<int32_t>());
+  return out;
+}
+
+}  // namespace
+}  // namespace mla::torch_ops
+
+TORCH_LIBRARY_FRAGMENT(mla, m) {
+  using namespace mla::torch_ops;  // NOLINT: the registration below names the functions above
+  m.def(
+      "engine_new(str family, int num_heads, int page_size, int max_batch, int max_q_len, "
+      "int mha_prefix_threshold, bool disable_chunked_prefix_cache, bool piecewise_cuda_graph, "
+      "bool batch_invariant) -> int[]",
+      &engine_new);
+  m.def("engine_free(int engine) -> ()", &engine_free);
+  m.def(
+      "engine_set_holder(int engine, bool graph, int staging, Tensor plan, Tensor extents, "
+      "int max_batch, int max_q_tokens, int max_q_len) -> ()",
+      &engine_set_holder);
+  m.def("engine_graph_capacity(int max_bs, int max_num_tokens) -> int[]", &engine_graph_capacity);
+  m.def(
+      "engine_plan(int engine, str mode, Tensor req_rows, Tensor seq_lens, "
+      "Tensor? extend_seq_lens, Tensor? extend_prefix_lens, int num_draft_tokens, "
+      "int kv_extra) -> int[]",
+      &engine_plan);
+  m.def("engine_lengths(int engine) -> Tensor[]", &engine_lengths);
+  m.def("chunk_plan(Tensor prefix_lens, int capacity) -> Tensor", &chunk_plan);
+}
