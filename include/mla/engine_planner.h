@@ -5,10 +5,11 @@
 // the engine's host lengths are checked (check_engine_lengths) and resolved per mode
 // (resolve_lengths, as BackendBase::collect), the method and the fallback are decided once
 // (planning::decide_batch_method with the family's ExtendRule, as the backends'
-// init_forward_metadata), and the plan holder the absorbed op plans into is picked: the CUDA-graph
-// holder for decode / target-verify batches that fit it, else the eager one, grown by the
-// family's capacity policy when the batch needs more. Holds no device memory: the holders are
-// the caller's. Host vectors are reused, so a warm planner allocates nothing.
+// init_forward_metadata), and the plan holder the batch is planned into is picked: the CUDA-graph
+// holder for absorbed decode / target-verify batches that fit it, else the eager one, grown by
+// the family's capacity policy when the batch needs more; MHA batches the MHA holder. Holds no
+// device memory: the holders are the caller's. Host vectors are reused, so a warm planner allocates
+// nothing.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +58,8 @@ enum class PlanTarget : uint8_t {
   kEager,      // the eager holder holds it
   kGraph,      // the CUDA-graph holder (decode / target_verify within its capacity)
   kGrowEager,  // the eager holder is missing or too small: build one of `capacity`, plan again
+  kMha,        // an MHA batch: the ragged causal pass over the new tokens in the MHA holder
+  kGrowMha,    // the MHA holder is missing or too small: build one of `capacity`, plan again
 };
 
 struct EngineDecision {
@@ -64,14 +67,16 @@ struct EngineDecision {
   bool fell_back = false;  // chunked_mla / ondemand_mla: paged_mla's absorbed prefill
   BatchShape shape;
   PlanTarget target = PlanTarget::kNone;
-  AttnCapacity capacity;  // kGrowEager: the eager holder to build; kEager / kGraph: the holder's
+  AttnCapacity capacity;  // the holder's (kEager, kGraph, kMha) or the one to build (kGrow*)
 };
 
 class EnginePlanner {
  public:
   // options: model.num_heads, max_batch, max_q_len, mha_prefix_threshold,
   // disable_chunked_prefix_cache, piecewise_cuda_graph, batch_invariant.
-  static StatusOr<EnginePlanner> create(std::string_view family, const BackendOptions& options);
+  // max_extend_tokens: the new tokens of an MHA batch the MHA holder is first sized for.
+  static StatusOr<EnginePlanner> create(std::string_view family, const BackendOptions& options,
+                                        int64_t max_extend_tokens = 8192);
 
   std::string_view family() const { return family_; }
   int num_heads() const { return options_.model.num_heads; }
@@ -81,11 +86,21 @@ class EnginePlanner {
   // The holders the caller has (max_batch 0: none). Planning picks among them.
   void set_eager_capacity(const AttnCapacity& cap) { eager_ = cap; }
   void set_graph_capacity(const AttnCapacity& cap) { graph_ = cap; }
+  void set_mha_capacity(const AttnCapacity& cap) { mha_ = cap; }
   const AttnCapacity& graph_capacity() const { return graph_; }
 
   // Checks and decides one batch (see the file comment); the lengths are kept (lengths()).
   // Writes nothing of the decision on error.
   Status plan(const EngineBatch& batch, EngineDecision* out);
+  // The prefix chunks of the MHA-chunked batch last planned, as the engine gathers them: cu
+  // [num_chunks, bs + 1] row-major, per chunk the cumulative keys per request. They must cover
+  // every request's cached prefix exactly (each row starts at 0 and never decreases, and the
+  // chunks of request b add up to its prefix length): kInvalidArgument naming the chunk, the
+  // request and the lengths otherwise. *caps gets each chunk's non-causal MHA capacity.
+  Status check_prefix_chunks(std::span<const int32_t> cu, int num_chunks,
+                             std::vector<AttnCapacity>* caps) const;
+  // The capacity of a prefix-chunk holder that has `held` and must take `needed`: never shrunk.
+  static AttnCapacity grown_chunk(const AttnCapacity& held, const AttnCapacity& needed);
   // The per-mode lengths of the batch last planned (req_rows: its rows).
   const BatchLengths& lengths() const { return lengths_; }
 
@@ -94,11 +109,13 @@ class EnginePlanner {
       : family_(std::move(family)), threshold_rule_(threshold_rule), options_(options) {}
   bool fits(const AttnCapacity& cap, const BatchShape& s) const;
   AttnCapacity grown(const BatchShape& s) const;
+  AttnCapacity grown_mha(const BatchShape& s) const;
 
   std::string family_;
   bool threshold_rule_;  // the family's ExtendRule is kPrefixThreshold (paged_mla)
   BackendOptions options_;
-  AttnCapacity eager_, graph_;
+  int64_t max_extend_tokens_ = 0;
+  AttnCapacity eager_, graph_, mha_;
   BatchLengths lengths_;
 };
 

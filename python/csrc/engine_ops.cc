@@ -32,7 +32,8 @@ struct EngineState {
   explicit EngineState(EnginePlanner p) : planner(std::move(p)) {}
   EnginePlanner planner;
   int64_t page_size = 1;
-  Holder eager, graph;
+  Holder eager, graph, mha;
+  std::vector<Holder> chunks;                   // one per prefix chunk index, reused across batches
   std::vector<int32_t> rows, seq, ext, prefix;  // int64 inputs, narrowed
 };
 
@@ -65,9 +66,9 @@ std::vector<int64_t> capacity_list(const AttnCapacity& c) {
 
 // [handle, max_batch, max_q_tokens, max_q_len of the eager holder to build now (0: none)]
 std::vector<int64_t> engine_new(const std::string& family, int64_t num_heads, int64_t page_size,
-                                int64_t max_batch, int64_t max_q_len, int64_t mha_prefix_threshold,
-                                bool disable_chunked_prefix_cache, bool piecewise_cuda_graph,
-                                bool batch_invariant) {
+                                int64_t max_batch, int64_t max_q_len, int64_t max_extend_tokens,
+                                int64_t mha_prefix_threshold, bool disable_chunked_prefix_cache,
+                                bool piecewise_cuda_graph, bool batch_invariant) {
   constexpr std::string_view op = "engine_new";
   BackendOptions o;
   o.model.num_heads = to_int(num_heads, "num_heads", op);
@@ -77,7 +78,7 @@ std::vector<int64_t> engine_new(const std::string& family, int64_t num_heads, in
   o.disable_chunked_prefix_cache = disable_chunked_prefix_cache;
   o.piecewise_cuda_graph = piecewise_cuda_graph;
   o.batch_invariant = batch_invariant;
-  StatusOr<EnginePlanner> p = EnginePlanner::create(family, o);
+  StatusOr<EnginePlanner> p = EnginePlanner::create(family, o, max_extend_tokens);
   throw_if_error(p.status(), op);
   auto state = std::make_unique<EngineState>(std::move(p).value());
   state->page_size = page_size;
@@ -99,25 +100,41 @@ void engine_free(int64_t handle) {
   engine_table().erase(it);
 }
 
-// Registers the eager (graph = false) or CUDA-graph plan holder of capacity (max_batch,
-// max_q_tokens, max_q_len): its staging handle, plan buffer and extents tensor.
-void engine_set_holder(int64_t engine, bool graph, int64_t staging, const at::Tensor& plan,
-                       const at::Tensor& extents, int64_t max_batch, int64_t max_q_tokens,
-                       int64_t max_q_len) {
+// Registers a plan holder: kind 0 the eager absorbed one, 1 the CUDA-graph absorbed one (both
+// with their extents tensor), 2 the MHA one (the ragged causal pass over the new tokens), 3 the
+// one of prefix chunk `index` (non-causal); its staging handle, plan buffer and capacity.
+void engine_set_holder(int64_t engine, int64_t kind, int64_t staging, const at::Tensor& plan,
+                       const std::optional<at::Tensor>& extents, int64_t max_batch,
+                       int64_t max_q_tokens, int64_t max_q_len, int64_t max_kv_tokens,
+                       int64_t index) {
   constexpr std::string_view op = "engine_set_holder";
   EngineState& e = engine_of(engine, op);
+  TORCH_CHECK_VALUE(kind >= 0 && kind <= 3, "mla.", op, ": kind = ", kind,
+                    " is not 0 (eager), 1 (graph), 2 (mha) or 3 (prefix chunk)");
+  TORCH_CHECK_VALUE(index >= 0 && index < (int64_t{1} << 20), "mla.", op, ": index = ", index,
+                    " is out of range");
+  TORCH_CHECK_VALUE(kind >= 2 || extents.has_value(), "mla.", op,
+                    ": an absorbed plan holder needs its extents tensor");
   Holder h;
   h.staging = staging;
   h.plan = plan;
-  h.extents = extents;
-  h.cap = AttnCapacity{to_int(max_batch, "max_batch", op), max_q_tokens, 0,
+  h.extents = extents.value_or(at::Tensor());
+  h.cap = AttnCapacity{to_int(max_batch, "max_batch", op), max_q_tokens, max_kv_tokens,
                        to_int(max_q_len, "max_q_len", op), e.planner.num_heads()};
-  if (graph) {
-    e.graph = h;
-    e.planner.set_graph_capacity(h.cap);
-  } else {
+  if (kind == 0) {
     e.eager = h;
     e.planner.set_eager_capacity(h.cap);
+  } else if (kind == 1) {
+    e.graph = h;
+    e.planner.set_graph_capacity(h.cap);
+  } else if (kind == 2) {
+    e.mha = h;
+    e.planner.set_mha_capacity(h.cap);
+  } else {
+    if (e.chunks.size() <= static_cast<std::size_t>(index)) {
+      e.chunks.resize(static_cast<std::size_t>(index) + 1);
+    }
+    e.chunks[static_cast<std::size_t>(index)] = h;
   }
 }
 
@@ -131,9 +148,11 @@ std::vector<int64_t> engine_graph_capacity(int64_t max_bs, int64_t max_num_token
 }
 
 // One batch: [target, method, fell_back, batch_size, num_tokens, max_q_len, has_prefix,
-// capacity max_batch, max_q_tokens, max_q_len]. target: PlanTarget (0 none, 1 eager, 2 graph,
-// 3 grow: build an eager holder of the capacity, register it, call again); method: EngineMethod
-// (0 absorbed, 1 mha, 2 mha_chunked). The absorbed plan is made into the eager or graph holder.
+// capacity max_batch, max_q_tokens, max_q_len, max_kv_tokens]. target: PlanTarget (0 none,
+// 1 eager, 2 graph, 3 grow the eager holder, 4 mha, 5 grow the MHA holder: build a holder of the
+// capacity, register it, call again); method: EngineMethod (0 absorbed, 1 mha, 2 mha_chunked).
+// The plan is made into the holder of the target (absorbed: eager or graph; MHA: the ragged
+// causal pass over the new tokens).
 std::vector<int64_t> engine_plan(int64_t engine, const std::string& mode,
                                  const at::Tensor& req_rows, const at::Tensor& seq_lens,
                                  const std::optional<at::Tensor>& extend_seq_lens,
@@ -156,11 +175,14 @@ std::vector<int64_t> engine_plan(int64_t engine, const std::string& mode,
   b.kv_extra = to_int(kv_extra, "kv_extra", op);
   EngineDecision d;
   throw_if_error(e.planner.plan(b, &d), op);
+  const BatchLengths& l = e.planner.lengths();
   if (d.target == PlanTarget::kEager || d.target == PlanTarget::kGraph) {
     const Holder& h = d.target == PlanTarget::kGraph ? e.graph : e.eager;
-    const BatchLengths& l = e.planner.lengths();
     absorbed_plan_spans(b.req_rows, l.q_lens, l.kv_lens, h.staging, h.plan, h.cap, e.page_size,
                         /*causal=*/true, h.extents, op);
+  } else if (d.target == PlanTarget::kMha) {
+    mha_plan_spans(l.qo_indptr, l.qo_indptr, e.mha.staging, e.mha.plan, e.mha.cap,
+                   /*causal=*/true, op);
   }
   const AttnCapacity& c = d.capacity;
   return {static_cast<int64_t>(d.target),
@@ -172,7 +194,51 @@ std::vector<int64_t> engine_plan(int64_t engine, const std::string& mode,
           d.shape.has_prefix,
           c.max_batch,
           c.max_q_tokens,
-          c.max_q_len};
+          c.max_q_len,
+          c.max_kv_tokens};
+}
+
+bool holds(const AttnCapacity& held, const AttnCapacity& needed) {
+  return held.max_batch >= needed.max_batch && held.max_q_tokens >= needed.max_q_tokens &&
+         held.max_kv_tokens >= needed.max_kv_tokens && held.max_q_len >= needed.max_q_len;
+}
+
+// The prefix chunks of the MHA-chunked batch last planned (cu: int32 cpu [chunks, bs + 1], the
+// cumulative keys per request of each chunk, as the engine gathers them), checked to cover every
+// request's prefix exactly (EnginePlanner::check_prefix_chunks), then one non-causal MHA plan per
+// chunk into its holder. [0, chunks] when planned; [1, index, max_batch, max_q_tokens, max_q_len,
+// max_kv_tokens] when the holder of chunk `index` is missing or too small (build it, register
+// it, call again; nothing was planned).
+std::vector<int64_t> engine_plan_chunks(int64_t engine, const at::Tensor& cu) {
+  constexpr std::string_view op = "engine_plan_chunks";
+  EngineState& e = engine_of(engine, op);
+  TORCH_CHECK_VALUE(cu.defined() && cu.is_cpu() && cu.scalar_type() == at::kInt && cu.dim() == 2 &&
+                        cu.is_contiguous(),
+                    "mla.", op,
+                    ": prefix chunks must be a contiguous int32 cpu tensor [chunks, "
+                    "batch_size + 1], got ",
+                    cu.sizes(), " ", cu.scalar_type(), " on ", cu.device());
+  const int chunks = static_cast<int>(cu.size(0));
+  const std::span<const int32_t> all(cu.data_ptr<int32_t>(), static_cast<std::size_t>(cu.numel()));
+  thread_local std::vector<AttnCapacity> caps;
+  throw_if_error(e.planner.check_prefix_chunks(all, chunks, &caps), op);
+  for (int c = 0; c < chunks; ++c) {
+    const std::size_t i = static_cast<std::size_t>(c);
+    if (i >= e.chunks.size() || !e.chunks[i].plan.defined() || !holds(e.chunks[i].cap, caps[i])) {
+      const AttnCapacity g = i < e.chunks.size() && e.chunks[i].plan.defined()
+                                 ? EnginePlanner::grown_chunk(e.chunks[i].cap, caps[i])
+                                 : caps[i];
+      return {1, c, g.max_batch, g.max_q_tokens, g.max_q_len, g.max_kv_tokens};
+    }
+  }
+  const std::vector<int32_t>& qo = e.planner.lengths().qo_indptr;
+  const std::size_t row = qo.size();
+  for (int c = 0; c < chunks; ++c) {
+    const Holder& h = e.chunks[static_cast<std::size_t>(c)];
+    mha_plan_spans(qo, all.subspan(static_cast<std::size_t>(c) * row, row), h.staging, h.plan,
+                   h.cap, /*causal=*/false, op);
+  }
+  return {0, chunks};
 }
 
 at::Tensor i32_tensor(const std::vector<int32_t>& v) {
@@ -210,13 +276,13 @@ TORCH_LIBRARY_FRAGMENT(mla, m) {
   using namespace mla::torch_ops;  // NOLINT: the registration below names the functions above
   m.def(
       "engine_new(str family, int num_heads, int page_size, int max_batch, int max_q_len, "
-      "int mha_prefix_threshold, bool disable_chunked_prefix_cache, bool piecewise_cuda_graph, "
-      "bool batch_invariant) -> int[]",
+      "int max_extend_tokens, int mha_prefix_threshold, bool disable_chunked_prefix_cache, "
+      "bool piecewise_cuda_graph, bool batch_invariant) -> int[]",
       &engine_new);
   m.def("engine_free(int engine) -> ()", &engine_free);
   m.def(
-      "engine_set_holder(int engine, bool graph, int staging, Tensor plan, Tensor extents, "
-      "int max_batch, int max_q_tokens, int max_q_len) -> ()",
+      "engine_set_holder(int engine, int kind, int staging, Tensor plan, Tensor? extents, "
+      "int max_batch, int max_q_tokens, int max_q_len, int max_kv_tokens, int index=0) -> ()",
       &engine_set_holder);
   m.def("engine_graph_capacity(int max_bs, int max_num_tokens) -> int[]", &engine_graph_capacity);
   m.def(
@@ -224,6 +290,7 @@ TORCH_LIBRARY_FRAGMENT(mla, m) {
       "Tensor? extend_seq_lens, Tensor? extend_prefix_lens, int num_draft_tokens, "
       "int kv_extra) -> int[]",
       &engine_plan);
+  m.def("engine_plan_chunks(int engine, Tensor cu) -> int[]", &engine_plan_chunks);
   m.def("engine_lengths(int engine) -> Tensor[]", &engine_lengths);
   m.def("chunk_plan(Tensor prefix_lens, int capacity) -> Tensor", &chunk_plan);
 }

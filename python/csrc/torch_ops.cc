@@ -235,6 +235,25 @@ void absorbed_plan_spans(std::span<const int32_t> req_rows, std::span<const int3
   }
 }
 
+// An MHA plan of (qo_indptr, kv_indptr) into a plan holder's buffer through its staging ring:
+// what mha_plan and engine_plan both do.
+void mha_plan_spans(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                    int64_t staging, const at::Tensor& plan, const AttnCapacity& cap, bool causal,
+                    std::string_view op) {
+  TORCH_CHECK_VALUE(qo_indptr.size() == kv_indptr.size() && !qo_indptr.empty(), "mla.", op,
+                    ": qo_indptr has ", qo_indptr.size(), " entries and kv_indptr ",
+                    kv_indptr.size(), " (both batch_size + 1)");
+  const OpSet& set = op_set_for(plan.device(), op);
+  throw_if_error(set.mha->supports(cap.num_heads), op);
+  MhaProblem p;
+  p.num_heads = cap.num_heads;
+  p.causal = causal;
+  p.qo_indptr = qo_indptr;
+  p.kv_indptr = kv_indptr;
+  plan_and_upload(staging, plan, set.mha->plan_bytes(cap), op,
+                  [&](std::span<std::byte> host) { return set.mha->plan(p, cap, host); });
+}
+
 namespace {
 
 // req_rows, q_lens, kv_lens: int32 or int64 host tensors (one entry per request). extents
@@ -319,21 +338,12 @@ void mha_plan(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, int64_t 
   constexpr std::string_view op = "mha_plan";
   check_host_i32(qo_indptr, "qo_indptr", op);
   check_host_i32(kv_indptr, "kv_indptr", op);
-  TORCH_CHECK_VALUE(qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1, "mla.", op,
-                    ": qo_indptr has ", qo_indptr.numel(), " entries and kv_indptr ",
-                    kv_indptr.numel(), " (both batch_size + 1)");
-  const OpSet& set = op_set_for(plan.device(), op);
   const AttnCapacity cap{narrow_int(max_batch, "max_batch", op), max_q_tokens, max_kv_tokens,
                          narrow_int(max_q_len, "max_q_len", op),
                          narrow_int(num_heads, "num_heads", op)};
-  throw_if_error(set.mha->supports(cap.num_heads), op);
-  MhaProblem p;
-  p.num_heads = cap.num_heads;
-  p.causal = causal;
-  p.qo_indptr = {qo_indptr.data_ptr<int32_t>(), static_cast<std::size_t>(qo_indptr.numel())};
-  p.kv_indptr = {kv_indptr.data_ptr<int32_t>(), static_cast<std::size_t>(kv_indptr.numel())};
-  plan_and_upload(staging, plan, set.mha->plan_bytes(cap), op,
-                  [&](std::span<std::byte> host) { return set.mha->plan(p, cap, host); });
+  mha_plan_spans({qo_indptr.data_ptr<int32_t>(), static_cast<std::size_t>(qo_indptr.numel())},
+                 {kv_indptr.data_ptr<int32_t>(), static_cast<std::size_t>(kv_indptr.numel())},
+                 staging, plan, cap, causal, op);
 }
 
 void mha_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& plan,

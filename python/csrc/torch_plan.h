@@ -28,4 +28,10 @@ void absorbed_plan_spans(std::span<const int32_t> req_rows, std::span<const int3
                          const AttnCapacity& cap, int64_t page_size, bool causal,
                          const std::optional<at::Tensor>& extents, std::string_view op);
 
+// The MHA op's plan of (qo_indptr, kv_indptr) for `cap` into a plan holder's buffer through its
+// staging ring. Raises naming what is wrong; writes nothing on error.
+void mha_plan_spans(std::span<const int32_t> qo_indptr, std::span<const int32_t> kv_indptr,
+                    int64_t staging, const at::Tensor& plan, const AttnCapacity& cap, bool causal,
+                    std::string_view op);
+
 }  // namespace mla::torch_ops

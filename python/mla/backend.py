@@ -26,7 +26,6 @@ All LSEs are natural log.
 """
 from __future__ import annotations
 
-import math
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -51,9 +50,11 @@ LATENT_DIM, KV_LORA_RANK, ROPE_DIM = (_support.LATENT_DIM, _support.KV_LORA_RANK
 QK_HEAD_DIM, V_HEAD_DIM = _support.QK_HEAD_DIM, _support.V_HEAD_DIM
 
 
-# engine_plan's answer: where the absorbed plan went (PlanTarget) and the method (EngineMethod).
-_NONE, _EAGER, _GRAPH, _GROW = 0, 1, 2, 3
+# engine_plan's answer: where the plan went (PlanTarget) and the method (EngineMethod); the
+# holder kinds of engine_set_holder.
+_NONE, _EAGER, _GRAPH, _GROW, _MHA, _GROW_MHA = 0, 1, 2, 3, 4, 5
 _METHODS = ("absorbed", "mha", "mha_chunked")
+_EAGER_HOLDER, _GRAPH_HOLDER, _MHA_HOLDER, _CHUNK_HOLDER = 0, 1, 2, 3
 
 _BY_NAME = {"DECODE": "decode", "EXTEND": "extend", "MIXED": "mixed", "IDLE": "idle",
             "TARGET_VERIFY": "target_verify", "DRAFT_EXTEND_V2": "draft_extend"}
@@ -148,13 +149,15 @@ class Backend:
         self.fell_back = False  # chunked_mla / ondemand_mla: the batch took the fallback
         # The C++ engine planner of this family (mla::EnginePlanner): the per-batch decisions.
         first = _ops.ops.engine_new(name, self.num_heads, self.page_size, self.max_batch,
-                                    self.max_q_len, self.mha_prefix_threshold,
+                                    self.max_q_len, self.max_extend_tokens,
+                                    self.mha_prefix_threshold,
                                     self.disable_chunked_prefix_cache, False, False)
         self._engine = int(first[0])
         weakref.finalize(self, _ops.ops.engine_free, self._engine)
         self._eager: Optional[_ops.AbsorbedPlan] = None
         self._mha: Optional[_ops.MhaPlan] = None
-        self._chunk_plans: List[_ops.MhaPlan] = []
+        self._chunk_plans: List[_ops.MhaPlan] = []  # the batch's: the first holders below
+        self._chunk_holders: List[_ops.MhaPlan] = []  # one per prefix chunk index, reused
         self._graph_plan: Optional[_ops.AbsorbedPlan] = None
         self._plan: Optional[_ops.AbsorbedPlan] = None
         self._tokens = 0
@@ -173,17 +176,31 @@ class Backend:
         self.stats = {"init_forward_metadata_calls": 0, "absorbed_plans": 0, "mha_plans": 0,
                       "mha_chunk_plans": 0, "graph_plans": 0}
         if first[1]:  # paged_mla, chunked_mla: the eager holder at construction
-            self._set_holder(False, first[1:4])
+            self._set_holder(_EAGER_HOLDER, first[1:4])
 
     # ---- planning helpers ----
-    def _set_holder(self, graph: bool, cap) -> _ops.AbsorbedPlan:
-        """A plan holder of the capacity the engine planner asked for (max_batch, max_q_tokens,
-        max_q_len), registered with it as the eager or the CUDA-graph holder."""
+    def _set_holder(self, kind: int, cap, index: int = 0):
+        """A plan holder of the capacity the engine planner asked for, registered with it: the
+        eager or CUDA-graph absorbed holder (cap: max_batch, max_q_tokens, max_q_len), the MHA
+        holder or prefix chunk `index`'s (cap: max_batch, max_q_tokens, max_q_len,
+        max_kv_tokens)."""
+        if kind in (_MHA_HOLDER, _CHUNK_HOLDER):
+            p = _ops.MhaPlan(self.device, self.num_heads, causal=kind == _MHA_HOLDER,
+                             max_batch=int(cap[0]), max_q_tokens=int(cap[1]),
+                             max_q_len=int(cap[2]), max_kv_tokens=int(cap[3]))
+            _ops.ops.engine_set_holder(self._engine, kind, p._staging.handle, p._staging.plan,
+                                       None, p.max_batch, p.max_q_tokens, p.max_q_len,
+                                       p.max_kv_tokens, index)
+            if kind == _MHA_HOLDER:
+                self._mha = p
+            else:
+                self._chunk_holders[index:index + 1] = [p]
+            return p
         p = _ops.AbsorbedPlan(self.device, self.num_heads, self.page_size, max_batch=int(cap[0]),
                               max_q_tokens=int(cap[1]), max_q_len=int(cap[2]))
-        _ops.ops.engine_set_holder(self._engine, graph, p._staging.handle, p.plan_tensor,
-                                   p._extents, p.max_batch, p.max_q_tokens, p.max_q_len)
-        if graph:
+        _ops.ops.engine_set_holder(self._engine, kind, p._staging.handle, p.plan_tensor,
+                                   p._extents, p.max_batch, p.max_q_tokens, p.max_q_len, 0)
+        if kind == _GRAPH_HOLDER:
             self._graph_plan = p
         else:
             self._eager = p
@@ -262,8 +279,8 @@ class Backend:
         mode = _mode_name(forward_batch.forward_mode, self.name)
         self._mode = mode
         r = self._engine_plan(forward_batch, mode)
-        if r[0] == _GROW:  # the eager holder is missing or too small: the planner's capacity
-            self._set_holder(False, r[7:10])
+        if r[0] in (_GROW, _GROW_MHA):  # a holder is missing or too small: the planner's size
+            self._set_holder(_EAGER_HOLDER if r[0] == _GROW else _MHA_HOLDER, r[7:11])
             r = self._engine_plan(forward_batch, mode)
         target = r[0]
         self.forward_method = _METHODS[r[1]]
@@ -279,26 +296,15 @@ class Backend:
             p.planned = True
             self._plan = p
             self.stats["absorbed_plans"] += 1
-            return
-        if self.forward_method == "absorbed":  # idle, or no tokens: nothing to plan
-            return
-        bs, tokens = r[3], r[4]
-        qo = _ops.ops.engine_lengths(self._engine)[3]
-        p = self._mha
-        if p is None or p.max_batch < bs or p.max_q_tokens < tokens:
-            p = _ops.MhaPlan(self.device, self.num_heads, causal=True,
-                             max_batch=max(bs, self.max_batch),
-                             max_q_tokens=max(tokens, self.max_extend_tokens),
-                             max_kv_tokens=max(tokens, self.max_extend_tokens))
-            self._mha = p
-        p.plan(qo, qo)
-        self._qo_indptr = qo
-        self.stats["mha_plans"] += 1
+        elif target == _MHA:
+            self._mha.planned = True
+            self.stats["mha_plans"] += 1
 
     def init_mha_chunk_metadata(self, forward_batch, disable_flashinfer_ragged: bool = False):
-        """One non-causal MHA plan per prefix chunk. The chunk lengths come from SGLang's
-        forward_batch.prefix_chunk_seq_lens_cpu [chunks, bs] (host, no sync) or, without it,
-        prefix_chunk_cu_seq_lens [chunks, bs + 1] (cumulative keys per request)."""
+        """One non-causal MHA plan per prefix chunk. The engine decides the chunks (it gathers
+        the prefix by them): SGLang's forward_batch.prefix_chunk_seq_lens_cpu [chunks, bs] (host,
+        no sync) or, without it, prefix_chunk_cu_seq_lens [chunks, bs + 1] (cumulative keys per
+        request); mla's chunk planner gives the same chunks (tests/python/test_engine_plan.py)."""
         self._chunk_plans = []
         if self.forward_method != "mha_chunked":
             return
@@ -307,31 +313,29 @@ class Backend:
             lens = torch.as_tensor(lens).to(torch.int32)
             cu = torch.zeros(lens.shape[0], lens.shape[1] + 1, dtype=torch.int32)
             torch.cumsum(lens, 1, out=cu[:, 1:])
-            field = "prefix_chunk_seq_lens_cpu"
         else:
             cu = getattr(forward_batch, "prefix_chunk_cu_seq_lens", None)
             if cu is None:
                 raise ValueError("forward_batch.prefix_chunk_cu_seq_lens is None: "
                                  "init_mha_chunk_metadata needs the prefix chunks")
-            cu = torch.as_tensor(cu).to("cpu", torch.int32)
-            field = "prefix_chunk_cu_seq_lens"
-        bs = self._qo_indptr.numel() - 1
-        if cu.dim() != 2 or cu.shape[1] != bs + 1:
-            raise ValueError(f"forward_batch.{field}: shape {tuple(cu.shape)}, expected "
-                             f"[num_prefix_chunks, {bs + (field == 'prefix_chunk_cu_seq_lens')}]")
-        for kv in cu:
-            kv = kv.contiguous()
-            p = _ops.MhaPlan(self.device, self.num_heads, causal=False,
-                             max_batch=max(bs, 1), max_q_tokens=max(self._tokens, 1),
-                             max_kv_tokens=max(int(kv[-1]), 1))
-            p.plan(self._qo_indptr, kv)
-            self._chunk_plans.append(p)
-            self.stats["mha_chunk_plans"] += 1
+            cu = torch.as_tensor(cu).to("cpu", torch.int32).contiguous()
+        # The chunks must cover every request's prefix exactly (checked by the planner, which
+        # then plans one non-causal MHA pass per chunk into its reused holder, asking for a new
+        # or bigger holder first where one is missing or too small).
+        r = _ops.ops.engine_plan_chunks(self._engine, cu)
+        while r[0] == 1:
+            self._set_holder(_CHUNK_HOLDER, r[2:6], index=r[1])
+            r = _ops.ops.engine_plan_chunks(self._engine, cu)
+        self._chunk_plans = self._chunk_holders[:r[1]]
+        for p in self._chunk_plans:
+            p.planned = True
+        self.stats["mha_chunk_plans"] += r[1]
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """The plan a captured decode / target-verify graph reads (fixed addresses), of the
         capacity the C++ graph state has (torch.ops.mla.engine_graph_capacity)."""
-        self._set_holder(True, _ops.ops.engine_graph_capacity(int(max_bs), int(max_num_tokens)))
+        self._set_holder(_GRAPH_HOLDER,
+                         _ops.ops.engine_graph_capacity(int(max_bs), int(max_num_tokens)))
         # The q / o / lse a captured graph points at, allocated now (bf16, the served q dtype)
         # so that capture never allocates them and they never move.
         self._graph_io = _AbsorbedIO(int(max_num_tokens), self.num_heads, torch.bfloat16,
@@ -523,7 +527,7 @@ class Backend:
         if self._mha is not None:
             add("mha_plan", self._mha._staging.plan)
             add("mha_workspace", self._mha.workspace)
-        for i, p in enumerate(self._chunk_plans):
+        for i, p in enumerate(self._chunk_holders):
             add(f"mha_chunk_plan[{i}]", p._staging.plan)
             add(f"mha_chunk_workspace[{i}]", p.workspace)
         return rows

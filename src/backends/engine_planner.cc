@@ -1,6 +1,7 @@
 #include "mla/engine_planner.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "backends/backend_base.h"
 #include "backends/chunked_mla/chunked_mla.h"
@@ -49,7 +50,8 @@ std::string_view engine_method_name(EngineMethod m) {
 }
 
 StatusOr<EnginePlanner> EnginePlanner::create(std::string_view family,
-                                              const BackendOptions& options) {
+                                              const BackendOptions& options,
+                                              int64_t max_extend_tokens) {
   MLA_ASSIGN_OR_RETURN(const planning::ExtendRule rule, backends::family_extend_rule(family));
   MLA_CHECK_ARG(options.max_batch >= 1, "{}: max_batch = {} must be >= 1", family,
                 options.max_batch);
@@ -58,8 +60,11 @@ StatusOr<EnginePlanner> EnginePlanner::create(std::string_view family,
   MLA_CHECK_ARG(options.model.num_heads >= 1, "{}: num_heads = {} must be >= 1", family,
                 options.model.num_heads);
   EnginePlanner p(std::string(family), rule == planning::ExtendRule::kPrefixThreshold, options);
+  MLA_CHECK_ARG(max_extend_tokens >= 1, "{}: max_extend_tokens = {} must be >= 1", family,
+                max_extend_tokens);
   // The adapters have no one-shot MHA form (the engine gathers the prefix chunks itself).
   p.options_.chunked_prefix_capacity = 0;
+  p.max_extend_tokens_ = max_extend_tokens;
   return p;
 }
 
@@ -89,6 +94,59 @@ AttnCapacity EnginePlanner::grown(const BatchShape& s) const {
   return c;
 }
 
+// The MHA holder: at least max_batch requests and max_extend_tokens new tokens (ragged causal:
+// its keys are the new tokens), grown to what a batch needs, never shrunk.
+AttnCapacity EnginePlanner::grown_mha(const BatchShape& s) const {
+  AttnCapacity c;
+  c.max_batch = std::max({mha_.max_batch, options_.max_batch, s.batch_size});
+  c.max_q_tokens = std::max({mha_.max_q_tokens, max_extend_tokens_, s.num_tokens});
+  c.max_kv_tokens = c.max_q_tokens;
+  c.max_q_len = static_cast<int>(std::min<int64_t>(c.max_q_tokens, INT32_MAX));
+  c.num_heads = options_.model.num_heads;
+  return c;
+}
+
+Status EnginePlanner::check_prefix_chunks(std::span<const int32_t> cu, int num_chunks,
+                                          std::vector<AttnCapacity>* caps) const {
+  const std::size_t bs = lengths_.prefix_lens.size();
+  MLA_CHECK_ARG(num_chunks >= 0 && cu.size() == static_cast<std::size_t>(num_chunks) * (bs + 1),
+                "prefix chunks: {} entries for {} chunks of {} requests (expected [chunks, {}])",
+                cu.size(), num_chunks, bs, bs + 1);
+  caps->clear();
+  std::vector<int64_t> covered(bs, 0);
+  int64_t q_tokens = lengths_.qo_indptr.empty() ? 0 : lengths_.qo_indptr.back();
+  int32_t max_q = 1;
+  for (int32_t q : lengths_.q_lens) max_q = std::max(max_q, q);
+  for (int c = 0; c < num_chunks; ++c) {
+    const int32_t* row = cu.data() + static_cast<std::size_t>(c) * (bs + 1);
+    MLA_CHECK_ARG(row[0] == 0, "prefix chunk {}: cumulative lengths start at {}, not 0", c, row[0]);
+    for (std::size_t b = 0; b < bs; ++b) {
+      MLA_CHECK_ARG(row[b + 1] >= row[b],
+                    "prefix chunk {}: request {} has {} keys (cumulative {} -> {})", c, b,
+                    row[b + 1] - row[b], row[b], row[b + 1]);
+      covered[b] += row[b + 1] - row[b];
+    }
+    caps->push_back(AttnCapacity{static_cast<int>(bs), std::max<int64_t>(q_tokens, 1),
+                                 std::max<int64_t>(row[bs], 1), max_q, options_.model.num_heads});
+  }
+  for (std::size_t b = 0; b < bs; ++b) {
+    MLA_CHECK_ARG(covered[b] == lengths_.prefix_lens[b],
+                  "prefix chunks cover {} keys of request {}, whose cached prefix has {} "
+                  "(the chunks must cover every prefix key exactly once)",
+                  covered[b], b, lengths_.prefix_lens[b]);
+  }
+  return Status::Ok();
+}
+
+AttnCapacity EnginePlanner::grown_chunk(const AttnCapacity& held, const AttnCapacity& needed) {
+  AttnCapacity c = needed;
+  c.max_batch = std::max(held.max_batch, needed.max_batch);
+  c.max_q_tokens = std::max(held.max_q_tokens, needed.max_q_tokens);
+  c.max_kv_tokens = std::max(held.max_kv_tokens, needed.max_kv_tokens);
+  c.max_q_len = std::max(held.max_q_len, needed.max_q_len);
+  return c;
+}
+
 Status EnginePlanner::plan(const EngineBatch& batch, EngineDecision* out) {
   MLA_RETURN_IF_ERROR(check_engine_lengths(batch.mode, batch.seq_lens, batch.extend_seq_lens,
                                            batch.extend_prefix_lens, batch.num_draft_tokens,
@@ -114,8 +172,13 @@ Status EnginePlanner::plan(const EngineBatch& batch, EngineDecision* out) {
   } else {
     d.method = d.shape.has_prefix ? EngineMethod::kMhaChunked : EngineMethod::kMha;
   }
-  if (d.method == EngineMethod::kAbsorbed && batch.mode != ForwardMode::kIdle &&
-      d.shape.num_tokens > 0) {
+  const bool nothing = batch.mode == ForwardMode::kIdle || d.shape.num_tokens == 0;
+  if (!nothing && d.method != EngineMethod::kAbsorbed) {
+    const bool fits_mha = mha_.max_batch >= 1 && d.shape.batch_size <= mha_.max_batch &&
+                          d.shape.num_tokens <= mha_.max_q_tokens;
+    d.target = fits_mha ? PlanTarget::kMha : PlanTarget::kGrowMha;
+    d.capacity = fits_mha ? mha_ : grown_mha(d.shape);
+  } else if (!nothing) {
     const bool graphable =
         batch.mode == ForwardMode::kDecode || batch.mode == ForwardMode::kTargetVerify;
     if (graphable && fits(graph_, d.shape)) {

@@ -203,7 +203,25 @@ TEST(EnginePlanner, PicksTheGraphHolderThenTheEagerOneAndGrowsByTheFamilysPolicy
   EXPECT_EQ(d.capacity.max_batch, 2);
   EXPECT_EQ(d.capacity.max_q_tokens, 2);
   EXPECT_EQ(d.capacity.max_q_len, 1);
-  // Idle batches and MHA batches plan nothing with the absorbed op.
+  // An MHA batch goes to the MHA holder: built for max_batch requests and max_extend_tokens
+  // new tokens at least (8192 by default), then grown to what a batch needs.
+  ForwardBatch ext;
+  ext.mode = ForwardMode::kExtend;
+  ext.batch_size = 3;
+  ext.req_pool_indices = {1, 2, 3};
+  ext.seq_lens = {5, 6, 7};
+  ext.extend_seq_lens = {5, 6, 7};
+  ext.extend_prefix_lens = {0, 0, 0};
+  ASSERT_TRUE(paged->plan(engine_batch(ext), &d).ok());
+  EXPECT_EQ(d.method, EngineMethod::kMha);
+  EXPECT_EQ(d.target, PlanTarget::kGrowMha);
+  EXPECT_EQ(d.capacity.max_batch, 4);
+  EXPECT_EQ(d.capacity.max_q_tokens, 8192);
+  EXPECT_EQ(d.capacity.max_kv_tokens, 8192);
+  paged->set_mha_capacity(d.capacity);
+  ASSERT_TRUE(paged->plan(engine_batch(ext), &d).ok());
+  EXPECT_EQ(d.target, PlanTarget::kMha);
+  // Idle batches plan nothing.
   ForwardBatch idle;
   idle.mode = ForwardMode::kIdle;
   ASSERT_TRUE(ondemand->plan(engine_batch(idle), &d).ok());
@@ -233,6 +251,45 @@ TEST(EnginePlanner, RefusesMalformedLengthsNamingTheField) {
   EXPECT_NE(st.message().find("num_draft_tokens = 0"), std::string::npos) << st.message();
   EXPECT_EQ(EnginePlanner::create("flashinfer", testing::small_options()).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// The engine's prefix chunks are accepted when they cover every request's prefix exactly (the
+// chunk planner's own chunks are), refused naming the request otherwise; each chunk's capacity
+// holds its keys.
+TEST(EnginePlanner, PrefixChunksMustCoverEveryPrefixExactly) {
+  StatusOr<EnginePlanner> p = EnginePlanner::create("chunked_mla", testing::small_options());
+  ASSERT_TRUE(p.ok());
+  const std::vector<int32_t> rows{1, 2, 3}, prefix{40, 0, 17}, ext{3, 5, 1}, seq{43, 5, 18};
+  EngineBatch b;
+  b.mode = ForwardMode::kExtend;
+  b.req_rows = rows;
+  b.seq_lens = seq;
+  b.extend_seq_lens = ext;
+  b.extend_prefix_lens = prefix;
+  EngineDecision d;
+  ASSERT_TRUE(p->plan(b, &d).ok());
+  EXPECT_EQ(d.method, EngineMethod::kMhaChunked);
+  std::vector<int32_t> lens;
+  StatusOr<int> chunks = prefix_chunk_lens(prefix, 48, &lens);
+  ASSERT_TRUE(chunks.ok());
+  std::vector<int32_t> cu;
+  for (int c = 0; c < *chunks; ++c) {
+    cu.push_back(0);
+    for (int r = 0; r < 3; ++r) cu.push_back(cu.back() + lens[static_cast<std::size_t>(c * 3 + r)]);
+  }
+  std::vector<AttnCapacity> caps;
+  ASSERT_TRUE(p->check_prefix_chunks(cu, *chunks, &caps).ok());
+  ASSERT_EQ(caps.size(), static_cast<std::size_t>(*chunks));
+  for (int c = 0; c < *chunks; ++c) {
+    EXPECT_EQ(caps[static_cast<std::size_t>(c)].max_kv_tokens,
+              std::max<int64_t>(cu[static_cast<std::size_t>(c * 4 + 3)], 1));
+    EXPECT_EQ(caps[static_cast<std::size_t>(c)].max_q_tokens, 9);
+  }
+  cu[3] -= 1;  // the first chunk misses a key of request 2
+  const Status st = p->check_prefix_chunks(cu, *chunks, &caps);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("of request 2, whose cached prefix has 17"), std::string::npos)
+      << st.message();
 }
 
 TEST(PrefixChunkLens, IsTheChunkPlannersSpecVector) {

@@ -140,3 +140,58 @@ def test_chunk_plan_agrees_with_sglangs_prefix_chunks_for_random_batches():
             SimpleNamespace(batch_size=bs), torch.tensor(prefix), chunks, chunk_len)
         assert torch.ops.mla.chunk_plan(i32(prefix), capacity).tolist() == lens.tolist(), \
             (prefix, capacity)
+
+
+def test_an_mha_batch_is_planned_into_the_mha_holder_the_planner_sizes():
+    """The MHA holder is built when the first MHA batch comes, for max_batch requests and
+    max_extend_tokens new tokens at least, grown when a batch needs more, kept otherwise; the
+    ragged pass is planned into it by the same engine_plan call."""
+    be = Backend("chunked_mla", num_heads=16, page_size=16, device="cpu", sm_scale=0.1,
+                 max_batch=2, max_extend_tokens=16)
+    assert be._mha is None
+
+    def extend(ext, prefix):
+        be.init_forward_metadata(SimpleNamespace(
+            forward_mode="extend", seq_lens_cpu=i32([p + e for p, e in zip(prefix, ext)]),
+            req_pool_indices_cpu=i32(list(range(1, len(ext) + 1))),
+            extend_prefix_lens_cpu=i32(prefix), extend_seq_lens_cpu=i32(ext)))
+
+    extend([5, 3], [0, 0])
+    first = be._mha
+    assert be.forward_method == "mha" and first.planned
+    assert (first.max_batch, first.max_q_tokens, first.max_kv_tokens) == (2, 16, 16)
+    extend([9, 9, 9], [4, 0, 0])
+    grown = be._mha
+    assert be.forward_method == "mha_chunked" and grown is not first
+    assert (grown.max_batch, grown.max_q_tokens) == (3, 27)
+    extend([1], [0])
+    assert be._mha is grown and be.stats["mha_plans"] == 3
+
+
+def test_prefix_chunks_must_cover_the_prefix_and_reuse_their_holders():
+    """The engine's prefix chunks are checked to cover every request's cached prefix exactly,
+    and each chunk's MHA pass is planned into a holder kept across batches (grown when a chunk
+    needs more, never one per chunk per batch)."""
+    be = Backend("chunked_mla", num_heads=16, page_size=16, device="cpu", sm_scale=0.1)
+
+    def batch(prefix, ext, chunk_lens):
+        fb = SimpleNamespace(forward_mode="extend",
+                             seq_lens_cpu=i32([p + e for p, e in zip(prefix, ext)]),
+                             req_pool_indices_cpu=i32(list(range(1, len(ext) + 1))),
+                             extend_prefix_lens_cpu=i32(prefix), extend_seq_lens_cpu=i32(ext),
+                             prefix_chunk_seq_lens_cpu=torch.tensor(chunk_lens))
+        be.init_forward_metadata(fb)
+        assert be.forward_method == "mha_chunked"
+        be.init_mha_chunk_metadata(fb)
+
+    batch([40, 12], [4, 2], torch.ops.mla.chunk_plan(i32([40, 12]), 32).tolist())
+    first = list(be._chunk_plans)
+    assert len(first) == 3 and all(p.planned for p in first)
+    batch([30, 10], [4, 2], torch.ops.mla.chunk_plan(i32([30, 10]), 32).tolist())
+    assert be._chunk_plans == first[:2] and be._chunk_plans[0] is first[0]  # reused
+    assert be.stats["mha_chunk_plans"] == 5
+    with pytest.raises(ValueError, match="prefix chunks cover 39 keys of request 0, whose "
+                                         "cached prefix has 40"):
+        batch([40, 12], [4, 2], [[16, 12], [16, 0], [7, 0]])
+    with pytest.raises(ValueError, match="prefix chunks: 2 entries for 1 chunks of 2 requests"):
+        batch([40, 12], [4, 2], [[40]])
