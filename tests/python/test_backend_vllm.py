@@ -306,3 +306,25 @@ def test_bad_input_names_the_field(backend, monkeypatch):
         _builder(backend, monkeypatch, 48)
     with pytest.raises(ValueError, match="kv_lora_rank = 256"):
         _builder(backend, monkeypatch, 16, kv_lora_rank=256)
+
+
+def test_decode_planning_goes_through_the_engine_planner(backend, monkeypatch):
+    """The builder plans its decode rows through the C++ engine planner (mla.Backend's): a
+    batch past its one plan holder's capacity and a request with more query tokens than keys
+    are refused naming what is wrong, before anything is planned."""
+    builder, _ = _builder(backend, monkeypatch, 16)
+
+    def build(q_lens, kv_lens):
+        qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+        seq = torch.tensor(kv_lens, dtype=torch.int32)
+        return builder._build_decode(torch.zeros(len(q_lens), 4, dtype=torch.int32), seq,
+                                     max(kv_lens), qsl, qsl, int(qsl[-1]), max(q_lens), None)
+
+    md = build([1, 2], [9, 30])
+    assert md.plan is builder.plan and builder.plan.planned
+    with pytest.raises(ValueError, match=r"decode batch of 9 requests.*past MLA_PAGED's plan "
+                                         r"capacity \(max_num_seqs 8"):
+        build([1] * 9, [5] * 9)
+    with pytest.raises(ValueError, match=r"extend_seq_lens\[1\] = 3 must be in \[0, "
+                                         r"seq_lens\[1\] = 2\]"):
+        build([1, 3], [9, 2])

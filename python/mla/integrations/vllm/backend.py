@@ -12,7 +12,8 @@ the MLA base classes of vllm/model_executor/layers/attention/mla_attention.py:
 - MlaPagedMetadataBuilder(MLACommonMetadataBuilder): the base class splits the batch into
   decodes and prefills; for the decode part, _build_decode plans mla's AbsorbedPlan (one per
   builder, sized for max_num_seqs and the decode query-length threshold, so a full CUDA graph
-  reads the current plan from the same device buffer) from host lengths: query lengths from
+  reads the current plan from the same device buffer) through the C++ engine planner (the
+  request checks and lengths rule mla.Backend uses) from host lengths: query lengths from
   query_start_loc_cpu, and key lengths from vLLM's host seq_lens (seq_lens_cpu_upper_bound,
   exact unless speculative decoding runs with async scheduling; then, and only then, the device
   seq_lens are copied to the host, a sync). Query lengths may differ per request (VARLEN):
@@ -29,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
+import weakref
+
 import torch
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
@@ -41,6 +44,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 
 from ... import _native, support
+from ..._ops import ops as _mla_ops
 from ...ops import AbsorbedPlan
 from ...support import KV_LORA_RANK, LATENT_DIM
 from . import BACKEND_NAME
@@ -143,6 +147,17 @@ class MlaPagedMetadataBuilder(MLACommonMetadataBuilder[MlaPagedMetadata]):
         self.plan = AbsorbedPlan(device, self.num_heads, self.page_size, causal=True,
                                  max_batch=max_batch, max_q_tokens=max_batch * max_q_len,
                                  max_q_len=max_q_len)
+        # The C++ engine planner (mla::EnginePlanner, as mla.Backend's): the request checks, the
+        # lengths and the plan, into this builder's one holder (never grown: a captured graph
+        # reads it at a fixed address).
+        self._engine = int(_mla_ops.engine_new("paged_mla", self.num_heads, self.page_size,
+                                               max_batch, max_q_len, max_batch * max_q_len, 0,
+                                               False, False, False)[0])
+        weakref.finalize(self, _mla_ops.engine_free, self._engine)
+        _mla_ops.engine_set_holder(self._engine, 0, self.plan._staging.handle,
+                                   self.plan.plan_tensor, self.plan._extents, max_batch,
+                                   max_batch * max_q_len, max_q_len, 0, 0)
+        self._rows = torch.arange(max_batch, dtype=torch.int32)  # request i: block_table row i
         spec = vllm_config.speculative_config
         async_spec = spec is not None and bool(
             getattr(vllm_config.scheduler_config, "async_scheduling", False))
@@ -175,7 +190,17 @@ class MlaPagedMetadataBuilder(MLACommonMetadataBuilder[MlaPagedMetadata]):
         if block_table_tensor.dim() != 2 or block_table_tensor.shape[0] < n:
             raise ValueError(f"block_table: expected [>= {n}, max_blocks] page ids, got "
                              f"{tuple(block_table_tensor.shape)}")
-        self.plan.plan(torch.arange(n, dtype=torch.int32), q_lens, kv_lens)
+        # vLLM's decode rows have per-request query lengths and key lengths that include them:
+        # the lengths rule of a draft-extend batch (q = extend, kv = seq), planned absorbed.
+        rows = self._rows[:n] if n <= self._rows.numel() else torch.arange(n, dtype=torch.int32)
+        r = _mla_ops.engine_plan(self._engine, "draft_extend", rows, kv_lens,
+                                 q_lens.to(torch.int32), None, 0, 0)
+        if r[0] != 1:  # not the eager holder: the batch is past the builder's capacity
+            raise ValueError(f"decode batch of {n} requests, {r[4]} query tokens, query length "
+                             f"up to {r[5]}: past MLA_PAGED's plan capacity "
+                             f"(max_num_seqs {self.plan.max_batch}, {self.plan.max_q_tokens} "
+                             f"tokens, query length {self.plan.max_q_len})")
+        self.plan.planned = True
         return MlaPagedDecodeMetadata(block_table=block_table_tensor, seq_lens=seq_lens_device,
                                       dcp_tot_seq_lens=dcp_tot_seq_lens_device, plan=self.plan)
 
