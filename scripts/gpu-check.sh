@@ -285,6 +285,11 @@ if [ "${GPU_SKIP_PYTHON:-0}" != 1 ]; then
       PYTHONPATH="$site" timeout 120 python3 "$root/bench/python/flashmla_call.py" --device cuda \
         --commit "$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)" > /tmp/flashmla_call.jsonl
       echo "flashmla_call rc=$?"; cat /tmp/flashmla_call.jsonl
+      # SGLang's flashinfer fp8 path (the layer's pool converted to bf16 per call) beside mla's
+      # fp8 decode from the same pool (issue 32): rows into $OUT/h200.jsonl with the bench's.
+      PYTHONPATH="$site" timeout 120 python3 "$root/bench/python/sglang_fp8_path.py" --device cuda \
+        --commit "$(cat "$carry/COMMIT" 2>/dev/null || echo unknown)" | tee -a "$OUT/h200.jsonl"
+      echo "sglang_fp8_path rc=${PIPESTATUS[0]}"
     } > "$OUT/python.log" 2>&1
     summary+=("python     $(grep -E '^(pip|pytest) rc=' "$OUT/python.log" | tr '\n' ' ')$(grep -E '(passed|failed|error)' "$OUT/python.log" | tail -n 1)")
   fi

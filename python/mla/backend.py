@@ -420,6 +420,16 @@ class Backend:
                              f"built for page_size {self.page_size}")
         first = int(getattr(pool, "start_layer", 0) or 0)
         self._check_buffer(pool.get_key_buffer(first), first)
+        # An fp8 cache is read with k_scale (value = stored * k_scale) exactly where it was
+        # written with it. A pool's own write door (SGLang's set_mla_kv_buffer, which _save
+        # uses) stores a plain cast, no scale: its rows must be read with k_scale 1.
+        if (self.kv_cache_dtype == torch.float8_e4m3fn and self.k_scale != 1.0
+                and hasattr(pool, "set_mla_kv_buffer")):
+            raise ValueError(
+                f"k_scale = {self.k_scale}: token_to_kv_pool writes new rows through its own "
+                "set_mla_kv_buffer, which stores a plain cast to float8_e4m3fn (no scale), so "
+                "they must be read with k_scale=1.0 (a pool without set_mla_kv_buffer is "
+                "written by mla's kv_write, which applies k_scale)")
 
     def _latent_cache(self, layer) -> torch.Tensor:
         pool = self.token_to_kv_pool

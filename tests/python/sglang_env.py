@@ -39,7 +39,9 @@ def runner(case, *, heads, kv_cache_dtype=torch.bfloat16, pool_dtype=None, rope_
     pool = MLATokenToKVPool(case.num_slots, P, pool_dtype or kv_cache_dtype, 512, rope_dim, 1,
                             device, False)
     if rope_dim == 64 and (pool_dtype or kv_cache_dtype) == case.cache.dtype:
-        pool.kv_buffer[0][:case.num_slots] = case.cache.view(-1, 1, 576)
+        # The pool stores fp8 as uint8 (its store_dtype): the bytes, not a numeric conversion.
+        buf = pool.kv_buffer[0]
+        buf[:case.num_slots] = case.cache.view(-1, 1, 576).view(buf.dtype)
     rows, cols = case.req_to_token.shape
     rpool = ReqToTokenPool(rows, cols, device, False)
     rpool.req_to_token[:rows] = case.req_to_token

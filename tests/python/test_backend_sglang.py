@@ -122,6 +122,89 @@ def test_absorbed_modes_through_radix_attention(family, mode, q_len, split, devi
     assert torch.equal(pool.kv_buffer[0][slots.to(device)].view(-1, 576).cpu(), new_rows)
 
 
+def _copies_the_pool(func, args, pool_storage) -> bool:
+    """Whether an op reads the pool's storage into other memory: anything but a view of it, a
+    write into it (SGLang's door) or mla's absorbed op taking it as the cache."""
+    if func.name() == "mla::absorbed_run" or func.is_view:
+        return False
+    schema = func._schema.arguments
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == pool_storage:
+            info = schema[i].alias_info if i < len(schema) else None
+            if info is None or not info.is_write:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("family", list(NAMES))
+@pytest.mark.parametrize("mode,q_len", [("decode", 1), ("target_verify", 3)])
+def test_fp8_pool_is_decoded_in_place(family, mode, q_len, device):
+    """--kv-cache-dtype fp8_e4m3 (issue 32): SGLang's pool keeps the latent rows as fp8 bytes
+    (a uint8 buffer) and mla decodes straight from it: its absorbed op gets the pool's own
+    buffer as float8_e4m3fn, and no op of the layer call copies the pool (SGLang's flashinfer
+    MLA path converts the layer's whole pool to bf16 on every call). The new rows go in through
+    the pool's door as a plain cast and are read back with k_scale 1, against the float64
+    oracle of the fp8 cache."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    fp8 = torch.float8_e4m3fn
+    case = PagedCase(page_size=P, kv_lens=[q_len + 20, q_len + 3, q_len + 40],
+                     q_lens=[q_len] * 3, heads=H, layout="interleaved", cache_dtype=fp8,
+                     seed=21 + q_len)
+    be = env.backend(NAMES[family], case, heads=H, kv_cache_dtype=fp8, device=device)
+    buf = be.token_to_kv_pool.kv_buffer[0]
+    assert buf.dtype == torch.uint8  # SGLang's store dtype for fp8
+    slots = env.new_slots(case, [q_len] * 3)
+    buf[slots.to(device)] = 0  # the new rows arrive through save_kv_cache
+    spec = type("Spec", (), {"draft_token_num": q_len, "topk": 1})()
+    fb = env.batch(case, mode, [q_len] * 3, spec_info=spec, device=device)
+    be.init_forward_metadata(fb)
+    layer = env.attn_mqa(H, case.sm_scale)
+    q = case.q.to(device)
+    rows = case.cache[slots].to(torch.bfloat16).to(device)  # exact: fp8 values are bf16's
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append((func, args))
+            return func(*args, **(kwargs or {}))
+
+    calls = Calls()
+    with calls:
+        o = run(be, layer, fb, q[..., :512], rows[:, None, :512], rows[:, None, :512],
+                q_rope=q[..., 512:], k_rope=rows[:, None, 512:])
+    storage = buf.untyped_storage().data_ptr()
+    runs = [args for func, args in calls.seen if func.name() == "mla::absorbed_run"]
+    assert len(runs) == 1
+    assert runs[0][1].dtype == fp8 and runs[0][1].untyped_storage().data_ptr() == storage
+    copies = [func.name() for func, args in calls.seen if _copies_the_pool(func, args, storage)]
+    assert copies == []
+    written = buf[slots.to(device)].view(-1, 576).cpu()
+    assert torch.equal(written, case.cache[slots].view(torch.uint8))  # the door's plain cast
+    T = 3 * q_len
+    ref_o, _ = oracle.absorbed(case.q, case.cache, [case.slots(b) for b in range(3)],
+                               [q_len] * 3, case.sm_scale, True, k_scale=1.0)
+    assert oracle.rel_err(o.view(T, H, 512), ref_o) < 6e-2
+
+
+def test_refuses_a_k_scale_the_pool_write_door_would_not_apply():
+    # SGLang's set_mla_kv_buffer stores a plain cast: rows written through it read back right
+    # only with k_scale 1, so another k_scale is refused when the backend is built.
+    import mla
+    case = PagedCase(page_size=P, kv_lens=[5], q_lens=[1], heads=H, layout="shuffled",
+                     cache_dtype=torch.float8_e4m3fn, seed=3)
+    r = env.runner(case, heads=H, kv_cache_dtype=torch.float8_e4m3fn)
+    kw = dict(num_heads=H, page_size=P, device="cpu", sm_scale=0.1,
+              kv_cache_dtype=torch.float8_e4m3fn, token_to_kv_pool=r.token_to_kv_pool,
+              req_to_token_pool=r.req_to_token_pool)
+    with pytest.raises(ValueError, match=r"k_scale = 0\.5: token_to_kv_pool writes new rows "
+                                         r"through its own set_mla_kv_buffer"):
+        mla.Backend("paged_mla", k_scale=0.5, **kw)
+    mla.Backend("paged_mla", k_scale=1.0, **kw)  # the pool's own convention
+
+
 def test_idle_batch(device):
     case = _absorbed_case("decode", 1, 3)
     be = env.backend("mla_paged", case, heads=H, device=device)

@@ -71,3 +71,18 @@ def test_plan_bench_rows_on_the_cpu():
     for x in rows:
         assert x["op"] == "python_plan" and x["b"] == 8 and x["commit"] == "c0ffee0"
         assert x["gpu"] == "cpu" and x["iters"] == 2000 and 0 < x["us_min"] <= x["us"]
+
+
+def test_sglang_fp8_path_rows_on_the_cpu():
+    # The benchmark of SGLang's flashinfer fp8 path beside mla's fp8 decode (issue 32), its
+    # smallest shape on the cpu: every row of the four timings, each a real sample.
+    r = subprocess.run([sys.executable, str(_DIR / "sglang_fp8_path.py"), "--device", "cpu",
+                        "--quick", "--iters", "2", "--commit", "c0ffee0"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["what"] for x in rows] == ["sglang_flashinfer_fp8_path", "pool_to_bf16",
+                                         "mla_fp8_decode", "mla_bf16_decode"]
+    for x in rows:
+        assert x["op"] == "sglang_fp8_path" and x["commit"] == "c0ffee0" and x["gpu"] == "cpu"
+        assert x["pool_tokens"] >= 2 * x["b"] * x["s_k"] and 0 < x["us_min"] <= x["us"]
