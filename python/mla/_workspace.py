@@ -20,12 +20,15 @@ Each holder runs in the window [reserved, reserved + workspace_bytes) of its fam
 Holders of one backend (and the backends sharing a workspace) may share those bytes because
 their ops never overlap: a backend runs one layer call at a time on the caller's current stream,
 each op's scratch is dead when the op returns (CPU) or when the next op on that stream starts
-(CUDA: stream order), and an engine drives its backends from one thread on one stream. As in
-C++ (SharedWorkspace::lock_for_use, docs/reliability.md), backends on different streams must
-order those streams themselves.
+(CUDA: stream order), and an engine drives its backends from one thread on one stream. Backends
+on several threads take the workspace's lock while an op runs, as the C++ backends take
+SharedWorkspace::lock_for_use (the cpu ops carve per-worker scratch from it); on CUDA the lock
+orders the issue of the work, not its execution, so backends on different streams must order
+those streams themselves (docs/reliability.md).
 """
 from __future__ import annotations
 
+import threading
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -43,6 +46,7 @@ class Workspace:
         self.name, self.owner, self.device = name, owner, device
         self.policy, self.reserved = int(policy), int(reserved)
         self.grow_count = 0  # allocations made so far
+        self.lock = threading.Lock()  # held while an op runs in it (one user at a time)
         self.buffer: Optional[torch.Tensor] = None
         if self.policy != ON_DEMAND:
             self._allocate(int(nbytes))

@@ -163,6 +163,7 @@ class Backend:
         self._workspace, self._fallback_ws = _workspace.family_workspaces(name, self._engine,
                                                                           self.device)
         self._graph_ws_base: Optional[torch.Tensor] = None  # the buffer the graph window is of
+        self._ws_lock = self._workspace.lock  # of the workspace the batch's ops run in
         self._eager: Optional[_ops.AbsorbedPlan] = None
         self._mha: Optional[_ops.MhaPlan] = None
         self._chunk_plans: List[_ops.MhaPlan] = []  # the batch's: the first holders below
@@ -331,6 +332,8 @@ class Backend:
                 self.stats["graph_plans"] += 1
             elif p._windows[1] is not None:  # chunked_mla: a batch that fell back runs in
                 p.workspace = p._windows[1 if self.fell_back else 0]  # paged_mla's workspace
+            self._ws_lock = (self._fallback_ws.lock if self.fell_back and p._windows[1] is not None
+                             else self._workspace.lock)
             p.planned = True
             self._plan = p
             self.stats["absorbed_plans"] += 1
@@ -500,8 +503,10 @@ class Backend:
         else:
             q = q.reshape(T, H, LATENT_DIM)
         o, lse = io.o[:T], io.lse[:T]
-        self._plan.run(q, self._latent_cache(layer), self.req_to_token_pool.req_to_token, o, lse,
-                       getattr(layer, "scaling", self.sm_scale), self.k_scale)
+        cache, table = self._latent_cache(layer), self.req_to_token_pool.req_to_token
+        with self._ws_lock:  # the family's workspace: one user at a time (mla._workspace)
+            self._plan.run(q, cache, table, o, lse, getattr(layer, "scaling", self.sm_scale),
+                           self.k_scale)
         return o.view(T, H * KV_LORA_RANK)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None,
@@ -537,7 +542,8 @@ class Backend:
             plan = self._chunk_plans[idx]
         else:
             plan = self._mha
-        plan.run(q, k, v, o, lse, scale)
+        with self._workspace.lock:  # MHA batches never fall back: the family's workspace
+            plan.run(q, k, v, o, lse, scale)
         if getattr(forward_batch, "mha_return_lse", False):
             return o, lse
         return o.view(T, H * V_HEAD_DIM)
