@@ -29,6 +29,7 @@ All LSEs are natural log.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -100,6 +101,12 @@ def _host_field(forward_batch, name: str):
     host = getattr(forward_batch, name + "_cpu", None)
     return _ops._host_lengths(host if host is not None else getattr(forward_batch, name),
                               f"forward_batch.{name}")
+
+
+def _holding(lock):
+    """The workspace's lock while an op runs; none while torch.compile traces the call (Dynamo
+    would break the graph at a lock; a compiled model is driven by one engine thread)."""
+    return contextlib.nullcontext() if torch.compiler.is_compiling() else lock
 
 
 class _AbsorbedIO:
@@ -504,7 +511,7 @@ class Backend:
             q = q.reshape(T, H, LATENT_DIM)
         o, lse = io.o[:T], io.lse[:T]
         cache, table = self._latent_cache(layer), self.req_to_token_pool.req_to_token
-        with self._ws_lock:  # the family's workspace: one user at a time (mla._workspace)
+        with _holding(self._ws_lock):  # the workspace: one user at a time (mla._workspace)
             self._plan.run(q, cache, table, o, lse, getattr(layer, "scaling", self.sm_scale),
                            self.k_scale)
         return o.view(T, H * KV_LORA_RANK)
@@ -542,7 +549,7 @@ class Backend:
             plan = self._chunk_plans[idx]
         else:
             plan = self._mha
-        with self._workspace.lock:  # MHA batches never fall back: the family's workspace
+        with _holding(self._workspace.lock):  # MHA batches never fall back: the family's
             plan.run(q, k, v, o, lse, scale)
         if getattr(forward_batch, "mha_return_lse", False):
             return o, lse
