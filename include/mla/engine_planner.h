@@ -20,6 +20,7 @@
 
 #include "mla/backend.h"
 #include "mla/ops.h"
+#include "mla/workspace.h"
 
 namespace mla {
 
@@ -70,6 +71,25 @@ struct EngineDecision {
   AttnCapacity capacity;  // the holder's (kEager, kGraph, kMha) or the one to build (kGrow*)
 };
 
+// The workspace a family's ops run in, as its C++ backend has it (the families' workspace table,
+// docs/architecture.md), for an adapter that runs the ops on buffers of its own (mla.Backend):
+//   paged_mla     kSharedLazy "paged_mla.workspace" of `bytes`, one per device, shared;
+//   chunked_mla   kSharedZeroed "chunked_mla.workspace" of `bytes` whose first `reserved` bytes
+//                 (the counters) the ops never touch; a batch that falls back runs in the
+//                 paged_mla.workspace of `fallback_bytes` (> 0 iff a fallback is possible);
+//   ondemand_mla  kOnDemand "ondemand_mla.workspace": bytes 0, sized by what its ops need, grown
+//                 only when a batch needs more (its fallback too).
+// The sizes are the backends' own (PagedMlaBackend / ChunkedMlaBackend::workspace_spec).
+struct FamilyWorkspace {
+  WorkspacePolicy policy = WorkspacePolicy::kOnDemand;
+  std::size_t bytes = 0;
+  std::size_t reserved = 0;
+  std::size_t fallback_bytes = 0;
+};
+// kInvalidArgument for an unknown family or a malformed size variable, kOutOfWorkspace for a
+// chunked_mla workspace its counters fill (as the backends' construction).
+StatusOr<FamilyWorkspace> family_workspace(std::string_view family, const BackendOptions& options);
+
 class EnginePlanner {
  public:
   // options: model.num_heads, max_batch, max_q_len, mha_prefix_threshold,
@@ -88,6 +108,8 @@ class EnginePlanner {
   void set_graph_capacity(const AttnCapacity& cap) { graph_ = cap; }
   void set_mha_capacity(const AttnCapacity& cap) { mha_ = cap; }
   const AttnCapacity& graph_capacity() const { return graph_; }
+  // The family's workspace for the planner's options (family_workspace).
+  StatusOr<FamilyWorkspace> workspace() const { return family_workspace(family_, options_); }
 
   // Checks and decides one batch (see the file comment); the lengths are kept (lengths()).
   // Writes nothing of the decision on error.

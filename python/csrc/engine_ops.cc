@@ -255,6 +255,16 @@ std::vector<at::Tensor> engine_lengths(int64_t engine) {
           i32_tensor(l.qo_indptr), i32_tensor(l.kv_indptr)};
 }
 
+// The family's workspace (mla::family_workspace): [policy (0 shared, 1 shared-zeroed,
+// 2 on-demand), bytes, reserved, fallback_bytes], what mla.Backend backs its ops with.
+std::vector<int64_t> engine_workspace(int64_t engine) {
+  constexpr std::string_view op = "engine_workspace";
+  StatusOr<FamilyWorkspace> w = engine_of(engine, op).planner.workspace();
+  throw_if_error(w.status(), op);
+  return {static_cast<int64_t>(w->policy), static_cast<int64_t>(w->bytes),
+          static_cast<int64_t>(w->reserved), static_cast<int64_t>(w->fallback_bytes)};
+}
+
 // The chunked-prefix planner (SYSTEM.md 6, prefix_chunk_lens): len[c, b] of every
 // chunk, int32 [num_chunks, bs], for prefix lengths (int32 / int64 cpu) and a capacity.
 at::Tensor chunk_plan(const at::Tensor& prefix_lens, int64_t capacity) {
@@ -293,4 +303,5 @@ TORCH_LIBRARY_FRAGMENT(mla, m) {
   m.def("engine_plan_chunks(int engine, Tensor cu) -> int[]", &engine_plan_chunks);
   m.def("engine_lengths(int engine) -> Tensor[]", &engine_lengths);
   m.def("chunk_plan(Tensor prefix_lens, int capacity) -> Tensor", &chunk_plan);
+  m.def("engine_workspace(int engine) -> int[]", &engine_workspace);
 }

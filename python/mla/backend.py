@@ -22,15 +22,20 @@ Families, as in the C++ library (src/planning/forward_method.cc decides, not thi
                 one non-causal MHA pass per chunk), unless the fallback rule holds (fell_back).
   ondemand_mla  extends as chunked_mla, with every buffer allocated on first use and grown on
                 demand.
+The plan holders' op scratch is a window of the family's workspace, as in C++ (mla._workspace:
+paged_mla's one per device shared by every paged_mla backend, chunked_mla's zeroed shared one,
+ondemand_mla's own, grown on demand); memory_ledger() lists every buffer a backend holds.
 All LSEs are natural log.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
 
+from . import _workspace
 from . import ops as _ops
 from . import support as _support
 
@@ -98,6 +103,12 @@ def _host_field(forward_batch, name: str):
                               f"forward_batch.{name}")
 
 
+def _holding(lock):
+    """The workspace's lock while an op runs; none while torch.compile traces the call (Dynamo
+    would break the graph at a lock; a compiled model is driven by one engine thread)."""
+    return contextlib.nullcontext() if torch.compiler.is_compiling() else lock
+
+
 class _AbsorbedIO:
     """The per-layer tensors of an absorbed forward, reused by every layer and step: q rows
     [tokens, H, 576] (the split call's q and q_rope are copied in), o [tokens, H, 512] and lse
@@ -154,6 +165,12 @@ class Backend:
                                     self.disable_chunked_prefix_cache, False, False)
         self._engine = int(first[0])
         weakref.finalize(self, _ops.ops.engine_free, self._engine)
+        # The workspace the holders' ops run in, and the one a chunked_mla batch that falls back
+        # runs in (paged_mla's, held iff a fallback is possible): C++'s policy and sizes.
+        self._workspace, self._fallback_ws = _workspace.family_workspaces(name, self._engine,
+                                                                          self.device)
+        self._graph_ws_base: Optional[torch.Tensor] = None  # the buffer the graph window is of
+        self._ws_lock = self._workspace.lock  # of the workspace the batch's ops run in
         self._eager: Optional[_ops.AbsorbedPlan] = None
         self._mha: Optional[_ops.MhaPlan] = None
         self._chunk_plans: List[_ops.MhaPlan] = []  # the batch's: the first holders below
@@ -187,7 +204,9 @@ class Backend:
         if kind in (_MHA_HOLDER, _CHUNK_HOLDER):
             p = _ops.MhaPlan(self.device, self.num_heads, causal=kind == _MHA_HOLDER,
                              max_batch=int(cap[0]), max_q_tokens=int(cap[1]),
-                             max_q_len=int(cap[2]), max_kv_tokens=int(cap[3]))
+                             max_q_len=int(cap[2]), max_kv_tokens=int(cap[3]),
+                             own_workspace=False)
+            self._attach(p, kind)
             _ops.ops.engine_set_holder(self._engine, kind, p._staging.handle, p._staging.plan,
                                        None, p.max_batch, p.max_q_tokens, p.max_q_len,
                                        p.max_kv_tokens, index)
@@ -197,7 +216,9 @@ class Backend:
                 self._chunk_holders[index:index + 1] = [p]
             return p
         p = _ops.AbsorbedPlan(self.device, self.num_heads, self.page_size, max_batch=int(cap[0]),
-                              max_q_tokens=int(cap[1]), max_q_len=int(cap[2]))
+                              max_q_tokens=int(cap[1]), max_q_len=int(cap[2]),
+                              own_workspace=False)
+        self._attach(p, kind)
         _ops.ops.engine_set_holder(self._engine, kind, p._staging.handle, p.plan_tensor,
                                    p._extents, p.max_batch, p.max_q_tokens, p.max_q_len, 0)
         if kind == _GRAPH_HOLDER:
@@ -205,6 +226,29 @@ class Backend:
         else:
             self._eager = p
         return p
+
+    def _attach(self, p, kind: int) -> None:
+        """Gives holder p its op scratch: the window of the family's workspace it needs (the
+        sharing is safe: see mla._workspace). The eager holder of a backend that can fall back
+        also gets its window of paged_mla's workspace, used by the batches that do. The CUDA-graph
+        holder's window is taken once, here at init_cuda_graph_state (as BackendBase carves the
+        graph's op scratch then), and never moved: a captured graph reads it. A shared workspace
+        never moves; when ondemand_mla's grows, the other holders take their windows again, and
+        the graph holder keeps the buffer it was carved from (C++ refuses a replay after such a
+        growth; here every decode batch that fits is planned into the graph holder, captured or
+        not, so the buffer is kept instead)."""
+        ws = self._workspace
+        grown = ws.grow_count
+        p.workspace = ws.window(p.workspace_bytes)
+        if kind == _GRAPH_HOLDER:
+            self._graph_ws_base = ws.buffer
+        p._windows = (p.workspace, self._fallback_ws.window(p.workspace_bytes)
+                      if kind == _EAGER_HOLDER and self._fallback_ws is not None else None)
+        if ws.grow_count != grown:  # on-demand growth: the other windows are of the old buffer
+            for q in (self._eager, self._mha, *self._chunk_holders):
+                if q is not None and q is not p:
+                    q.workspace = ws.window(q.workspace_bytes)
+                    q._windows = (q.workspace, q._windows[1])
 
     def _scratch_of(self, name: str, n: int, dtype, device=None) -> torch.Tensor:
         """A reused 1-D buffer of n elements (a view of one grown on demand, never shrunk)."""
@@ -293,6 +337,10 @@ class Backend:
             p = self._graph_plan if target == _GRAPH else self._eager
             if target == _GRAPH:
                 self.stats["graph_plans"] += 1
+            elif p._windows[1] is not None:  # chunked_mla: a batch that fell back runs in
+                p.workspace = p._windows[1 if self.fell_back else 0]  # paged_mla's workspace
+            self._ws_lock = (self._fallback_ws.lock if self.fell_back and p._windows[1] is not None
+                             else self._workspace.lock)
             p.planned = True
             self._plan = p
             self.stats["absorbed_plans"] += 1
@@ -462,8 +510,10 @@ class Backend:
         else:
             q = q.reshape(T, H, LATENT_DIM)
         o, lse = io.o[:T], io.lse[:T]
-        self._plan.run(q, self._latent_cache(layer), self.req_to_token_pool.req_to_token, o, lse,
-                       getattr(layer, "scaling", self.sm_scale), self.k_scale)
+        cache, table = self._latent_cache(layer), self.req_to_token_pool.req_to_token
+        with _holding(self._ws_lock):  # the workspace: one user at a time (mla._workspace)
+            self._plan.run(q, cache, table, o, lse, getattr(layer, "scaling", self.sm_scale),
+                           self.k_scale)
         return o.view(T, H * KV_LORA_RANK)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None,
@@ -499,15 +549,27 @@ class Backend:
             plan = self._chunk_plans[idx]
         else:
             plan = self._mha
-        plan.run(q, k, v, o, lse, scale)
+        with _holding(self._workspace.lock):  # MHA batches never fall back: the family's
+            plan.run(q, k, v, o, lse, scale)
         if getattr(forward_batch, "mha_return_lse", False):
             return o, lse
         return o.view(T, H * V_HEAD_DIM)
 
     # ---- resources ----
     def memory_ledger(self) -> List[Dict[str, Any]]:
-        """Every buffer this backend holds: name, owner, device, bytes, zeroed."""
-        rows = []
+        """Every device and pinned host buffer this backend holds, a row each: name, owner,
+        device, bytes, zeroed, named as the C++ ledger names its backends' equivalents. The
+        family workspace its ops run in ("paged_mla.workspace" / "chunked_mla.workspace", owner
+        "shared:<the backend that made it>", listed by every backend that shares it;
+        "ondemand_mla.workspace") and chunked_mla's fallback's "paged_mla.workspace"; per plan
+        holder its device plan ("<name>.absorbed_plan", "graph.absorbed_plan", "mha_plan",
+        "mha_chunk_plan[i]") and the two pinned buffers of its staging ring
+        ("<name>.upload_staging[j]", "graph.", "mha.", "mha_chunk[i]." ones; device
+        "cpu (pinned)", none on the cpu device); the absorbed q / o / lse sets ("absorbed_q",
+        "absorbed_o", "lse" and their "graph." ones); the int32 write locations
+        ("out_cache_loc"); and, when ondemand_mla's workspace grew after init_cuda_graph_state,
+        the buffer the graph holder's window is of ("graph.workspace")."""
+        rows: List[Dict[str, Any]] = []
 
         def add(name, t):
             if t is not None and t.numel():
@@ -515,29 +577,31 @@ class Backend:
                              "device": str(t.device), "bytes": t.numel() * t.element_size(),
                              "zeroed": False})
 
-        p = self._eager
-        if p is not None:
-            add("absorbed_plan", p.plan_tensor)
-            add("absorbed_workspace", p.workspace)
+        for ws in (self._workspace, self._fallback_ws):
+            if ws is not None and ws.buffer is not None:
+                rows.append({"name": ws.name, "owner": ws.owner, "device": str(ws.device),
+                             "bytes": ws.nbytes, "zeroed": ws.zeroed})
+        if self._graph_ws_base is not None and self._graph_ws_base is not self._workspace.buffer:
+            add("graph.workspace", self._graph_ws_base)
+        holders = [("absorbed_plan", "", self._eager),
+                   ("graph.absorbed_plan", "graph.", self._graph_plan),
+                   ("mha_plan", "mha.", self._mha)]
+        holders += [(f"mha_chunk_plan[{i}]", f"mha_chunk[{i}].", p)
+                    for i, p in enumerate(self._chunk_holders)]
+        for plan_name, ring, p in holders:
+            if p is None:
+                continue
+            add(plan_name, p._staging.plan)
             for j, nbytes in enumerate(p._staging.host_bytes()):
                 if nbytes:
-                    rows.append({"name": f"{self.name}.absorbed_staging[{j}]",
+                    rows.append({"name": f"{self.name}.{ring}upload_staging[{j}]",
                                  "owner": self.name, "device": "cpu (pinned)", "bytes": nbytes,
                                  "zeroed": False})
-        if self._graph_plan is not None:
-            add("graph.absorbed_plan", self._graph_plan.plan_tensor)
-            add("graph.workspace", self._graph_plan.workspace)
-        for (name, dtype, device), t in self._scratch.items():
-            add(f"scratch.{name}", t)
-        for prefix, io in (("absorbed", self._io), ("graph.absorbed", self._graph_io)):
+        for prefix, io in (("", self._io), ("graph.", self._graph_io)):
             if io is not None:
-                add(f"{prefix}_q", io.q)
-                add(f"{prefix}_o", io.o)
-                add(f"{prefix}_lse", io.lse)
-        if self._mha is not None:
-            add("mha_plan", self._mha._staging.plan)
-            add("mha_workspace", self._mha.workspace)
-        for i, p in enumerate(self._chunk_holders):
-            add(f"mha_chunk_plan[{i}]", p._staging.plan)
-            add(f"mha_chunk_workspace[{i}]", p.workspace)
+                add(f"{prefix}absorbed_q", io.q)
+                add(f"{prefix}absorbed_o", io.o)
+                add(f"{prefix}lse", io.lse)
+        for (name, dtype, device), t in self._scratch.items():
+            add(name, t)
         return rows

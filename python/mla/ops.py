@@ -88,10 +88,14 @@ class AbsorbedPlan:
         element r (FlashInfer's kv_indices, planned with req_rows = kv_indptr[:-1]).
     Causal is bottom-right aligned. Buffers are sized for the capacity given here. A page size
     other than mla.PAGE_SIZES is refused here (ValueError naming it and the sizes served).
+    own_workspace=False: the holder allocates no workspace (`workspace` is None until its user
+    sets it to a uint8 tensor of at least `workspace_bytes`, as mla.Backend sets a window of its
+    family's workspace).
     """
 
     def __init__(self, device, num_heads: int, page_size: int, *, causal: bool = True,
-                 max_batch: int, max_q_tokens: int, max_q_len: int = 1):
+                 max_batch: int, max_q_tokens: int, max_q_len: int = 1,
+                 own_workspace: bool = True):
         self.device = _device(device)
         self.num_heads = int(num_heads)
         self.page_size = int(page_size)
@@ -104,8 +108,11 @@ class AbsorbedPlan:
         plan_bytes, ws_bytes = ops.absorbed_sizes(self.max_batch, self.max_q_tokens,
                                                   self.max_q_len, self.num_heads, self.device)
         self.plan_bytes = plan_bytes
+        self.workspace_bytes = ws_bytes
         self._staging = _Staging(self.device, plan_bytes)
-        self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
+        self.workspace: Optional[torch.Tensor] = (
+            torch.empty(ws_bytes, dtype=torch.uint8, device=self.device) if own_workspace
+            else None)
         # What the last plan reads of its page table, written by the plan op and read by the
         # run op, which checks the table's shape against it (mla::check_table_extents; the cuda
         # op reads the lengths on the device, so the run op takes them from here).
@@ -177,10 +184,12 @@ class AbsorbedPlan:
 
 class MhaPlan:
     """Ragged MHA (head dims 192 for q/k, 128 for v): q rows qo_indptr[b].., k/v rows
-    kv_indptr[b].. of request b. o [Tq, H, 128] bf16, lse [Tq, H] float32 natural log."""
+    kv_indptr[b].. of request b. o [Tq, H, 128] bf16, lse [Tq, H] float32 natural log.
+    own_workspace: as AbsorbedPlan's."""
 
     def __init__(self, device, num_heads: int, *, causal: bool = True, max_batch: int,
-                 max_q_tokens: int, max_kv_tokens: int, max_q_len: Optional[int] = None):
+                 max_q_tokens: int, max_kv_tokens: int, max_q_len: Optional[int] = None,
+                 own_workspace: bool = True):
         self.device = _device(device)
         self.num_heads = int(num_heads)
         self.causal = bool(causal)
@@ -191,8 +200,11 @@ class MhaPlan:
         plan_bytes, ws_bytes = ops.mha_sizes(self.max_batch, self.max_q_tokens,
                                              self.max_kv_tokens, self.max_q_len, self.num_heads,
                                              self.device)
+        self.workspace_bytes = ws_bytes
         self._staging = _Staging(self.device, plan_bytes)
-        self.workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=self.device)
+        self.workspace: Optional[torch.Tensor] = (
+            torch.empty(ws_bytes, dtype=torch.uint8, device=self.device) if own_workspace
+            else None)
         self.planned = False
 
     def plan(self, qo_indptr, kv_indptr) -> "MhaPlan":

@@ -23,6 +23,31 @@ StatusOr<planning::ExtendRule> family_extend_rule(std::string_view family) {
 
 }  // namespace backends
 
+StatusOr<FamilyWorkspace> family_workspace(std::string_view family, const BackendOptions& options) {
+  MLA_RETURN_IF_ERROR(backends::family_extend_rule(family).status());
+  FamilyWorkspace w;
+  if (family == "ondemand_mla") return w;  // kOnDemand: sized by use
+  if (family == "paged_mla") {
+    MLA_ASSIGN_OR_RETURN(const WorkspaceSpec paged,
+                         backends::PagedMlaBackend::workspace_spec(options));
+    w.policy = WorkspacePolicy::kSharedLazy;
+    w.bytes = paged.bytes;
+    return w;
+  }
+  MLA_ASSIGN_OR_RETURN(const WorkspaceSpec spec,
+                       backends::ChunkedMlaBackend::workspace_spec(options));
+  w.policy = WorkspacePolicy::kSharedZeroed;
+  w.bytes = spec.bytes;
+  w.reserved = backends::ChunkedMlaBackend::counter_bytes(options);
+  // The fallback's resources exist iff a fallback is possible (ChunkedMlaBackend::create).
+  if (planning::fallback_possible(backends::method_options(options))) {
+    MLA_ASSIGN_OR_RETURN(const WorkspaceSpec paged,
+                         backends::PagedMlaBackend::workspace_spec(options));
+    w.fallback_bytes = paged.bytes;
+  }
+  return w;
+}
+
 AttnCapacity graph_capacity(int max_bs, int64_t max_num_tokens, int num_heads,
                             bool batch_invariant) {
   const int q_len = static_cast<int>((max_num_tokens + max_bs - 1) / std::max(max_bs, 1));

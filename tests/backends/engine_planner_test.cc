@@ -253,6 +253,52 @@ TEST(EnginePlanner, RefusesMalformedLengthsNamingTheField) {
             StatusCode::kInvalidArgument);
 }
 
+// The workspace an adapter backs a family's ops with (family_workspace) is the one the family's
+// C++ backend acquires: policy, size (options, environment or default), counters, fallback.
+TEST(FamilyWorkspace, IsTheWorkspaceTheFamilysBackendHolds) {
+  auto pool = testing::make_pool({});
+  ASSERT_NE(pool, nullptr);
+  for (std::string_view family : {"paged_mla", "chunked_mla", "ondemand_mla"}) {
+    for (const bool fallback : {false, true}) {
+      WorkspaceRegistry::global().release_all_for_testing();
+      BackendOptions o = testing::small_options();
+      o.disable_chunked_prefix_cache = fallback;
+      o.paged_workspace_bytes = std::size_t{3} << 20;
+      o.chunked_workspace_bytes = std::size_t{2} << 20;
+      const std::string where = fmt::format("{} fallback {}", family, fallback);
+      StatusOr<FamilyWorkspace> w = family_workspace(family, o);
+      ASSERT_TRUE(w.ok()) << w.status().to_string();
+      auto backend = BackendRegistry::global().create(family, BackendContext{pool.get(), o});
+      ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+      const std::size_t paged = testing::ledger_bytes("paged_mla.workspace");
+      const std::size_t chunked = testing::ledger_bytes("chunked_mla.workspace");
+      if (family == "paged_mla") {
+        EXPECT_EQ(w->policy, WorkspacePolicy::kSharedLazy) << where;
+        EXPECT_EQ(w->bytes, paged) << where;
+        EXPECT_EQ(w->bytes, o.paged_workspace_bytes) << where;
+        EXPECT_EQ(w->reserved + w->fallback_bytes, 0u) << where;
+      } else if (family == "chunked_mla") {
+        EXPECT_EQ(w->policy, WorkspacePolicy::kSharedZeroed) << where;
+        EXPECT_EQ(w->bytes, chunked) << where;
+        EXPECT_EQ(w->reserved, align_workspace(static_cast<std::size_t>(o.max_batch) *
+                                               o.model.num_heads * sizeof(int32_t)))
+            << where;
+        EXPECT_EQ(w->fallback_bytes, paged) << where;  // held iff a fallback is possible
+        EXPECT_EQ(paged != 0, fallback) << where;
+      } else {
+        EXPECT_EQ(w->policy, WorkspacePolicy::kOnDemand) << where;
+        EXPECT_EQ(w->bytes + w->reserved + w->fallback_bytes, 0u) << where;
+        EXPECT_EQ(paged + chunked + testing::ledger_bytes("ondemand_mla.workspace"), 0u) << where;
+      }
+    }
+  }
+  WorkspaceRegistry::global().release_all_for_testing();
+  BackendOptions tiny = testing::small_options();
+  tiny.chunked_workspace_bytes = 256;  // the counters alone need more
+  EXPECT_EQ(family_workspace("chunked_mla", tiny).status().code(), StatusCode::kOutOfWorkspace);
+  EXPECT_EQ(family_workspace("flashinfer", tiny).status().code(), StatusCode::kInvalidArgument);
+}
+
 // The engine's prefix chunks are accepted when they cover every request's prefix exactly (the
 // chunk planner's own chunks are), refused naming the request otherwise; each chunk's capacity
 // holds its keys.

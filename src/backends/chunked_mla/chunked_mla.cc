@@ -12,24 +12,33 @@ StatusOr<std::unique_ptr<PagedFallback>> PagedFallback::create(const BackendOpti
 StatusOr<std::unique_ptr<ChunkedMlaBackend>> ChunkedMlaBackend::create(const BackendContext& ctx,
                                                                        ParentPolicy parent) {
   MLA_ASSIGN_OR_RETURN(const OpSet* ops, resolve_ops(ctx, "chunked_mla"));
-  MLA_ASSIGN_OR_RETURN(
-      const std::size_t bytes,
-      resolve_workspace_bytes(ctx.options.chunked_workspace_bytes, kChunkedWorkspaceEnv,
-                              kDefaultChunkedWorkspaceBytes));
+  MLA_ASSIGN_OR_RETURN(const WorkspaceSpec spec, workspace_spec(ctx.options));
   std::unique_ptr<ChunkedMlaBackend> b(new ChunkedMlaBackend("chunked_mla", ctx, ops));
-  WorkspaceSpec spec{"chunked_mla.workspace", ctx.options.device, bytes,
-                     WorkspacePolicy::kSharedZeroed, kChunkedWorkspaceEnv};
   MLA_ASSIGN_OR_RETURN(b->workspace_, WorkspaceRegistry::global().acquire(spec, b->name()));
-  MLA_CHECK_CODE(StatusCode::kOutOfWorkspace, bytes > b->reserved_workspace_bytes(false),
-                 "workspace 'chunked_mla.workspace' has {} bytes, its counters alone need {}; "
-                 "set {}",
-                 bytes, b->reserved_workspace_bytes(false), kChunkedWorkspaceEnv);
   // Seed requirement 1: the fallback's parent resources exist from construction on when (and
   // only when) the configuration makes a fallback possible.
   if (parent == ParentPolicy::kAuto && planning::fallback_possible(method_options(ctx.options))) {
     MLA_ASSIGN_OR_RETURN(b->fallback_, PagedFallback::create(ctx.options, "chunked_mla.fallback"));
   }
   return b;
+}
+
+StatusOr<WorkspaceSpec> ChunkedMlaBackend::workspace_spec(const BackendOptions& options) {
+  MLA_ASSIGN_OR_RETURN(
+      const std::size_t bytes,
+      resolve_workspace_bytes(options.chunked_workspace_bytes, kChunkedWorkspaceEnv,
+                              kDefaultChunkedWorkspaceBytes));
+  MLA_CHECK_CODE(StatusCode::kOutOfWorkspace, bytes > counter_bytes(options),
+                 "workspace 'chunked_mla.workspace' has {} bytes, its counters alone need {}; "
+                 "set {}",
+                 bytes, counter_bytes(options), kChunkedWorkspaceEnv);
+  return WorkspaceSpec{"chunked_mla.workspace", options.device, bytes,
+                       WorkspacePolicy::kSharedZeroed, kChunkedWorkspaceEnv};
+}
+
+std::size_t ChunkedMlaBackend::counter_bytes(const BackendOptions& options) {
+  return align_workspace(static_cast<std::size_t>(options.max_batch) *
+                         static_cast<std::size_t>(options.model.num_heads) * sizeof(int32_t));
 }
 
 StatusOr<WorkspaceView> ChunkedMlaBackend::op_workspace(std::size_t, bool fell_back) {
@@ -47,8 +56,7 @@ std::unique_lock<std::mutex> ChunkedMlaBackend::lock_op_workspace() {
 // workspace has none.
 std::size_t ChunkedMlaBackend::reserved_workspace_bytes(bool fell_back) const {
   if (on_fallback(fell_back)) return 0;
-  return align_workspace(static_cast<std::size_t>(options_.max_batch) *
-                         static_cast<std::size_t>(options_.model.num_heads) * sizeof(int32_t));
+  return counter_bytes(options_);
 }
 
 ForwardMethod ChunkedMlaBackend::choose_forward_method(const ForwardBatch& batch) const {

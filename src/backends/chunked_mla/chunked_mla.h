@@ -55,6 +55,13 @@ class ChunkedMlaBackend : public BackendBase {
   enum class ParentPolicy : uint8_t { kAuto, kNever };
   static StatusOr<std::unique_ptr<ChunkedMlaBackend>> create(
       const BackendContext& ctx, ParentPolicy parent = ParentPolicy::kAuto);
+  // The zeroed "chunked_mla.workspace" it acquires (size resolved: options.
+  // chunked_workspace_bytes, MLA_CHUNKED_WORKSPACE_BYTES or the default; kOutOfWorkspace when
+  // that leaves no byte after the counters): also mla.Backend's chunked_mla workspace.
+  static StatusOr<WorkspaceSpec> workspace_spec(const BackendOptions& options);
+  // The counters at the start of that workspace (one int32 per request and head at max_batch,
+  // aligned), which the ops never touch.
+  static std::size_t counter_bytes(const BackendOptions& options);
 
   // Decides the batch's method and fallback once (planning::decide_batch_method) and plans it.
   Status init_forward_metadata(const ForwardBatch& batch) override;

@@ -4,13 +4,17 @@
 
 namespace mla::backends {
 
-StatusOr<std::shared_ptr<SharedWorkspace>> PagedMlaBackend::acquire_workspace(
-    const BackendOptions& options, std::string_view user) {
+StatusOr<WorkspaceSpec> PagedMlaBackend::workspace_spec(const BackendOptions& options) {
   MLA_ASSIGN_OR_RETURN(const std::size_t bytes,
                        resolve_workspace_bytes(options.paged_workspace_bytes, kPagedWorkspaceEnv,
                                                kDefaultPagedWorkspaceBytes));
-  WorkspaceSpec spec{"paged_mla.workspace", options.device, bytes, WorkspacePolicy::kSharedLazy,
-                     kPagedWorkspaceEnv};
+  return WorkspaceSpec{"paged_mla.workspace", options.device, bytes, WorkspacePolicy::kSharedLazy,
+                       kPagedWorkspaceEnv};
+}
+
+StatusOr<std::shared_ptr<SharedWorkspace>> PagedMlaBackend::acquire_workspace(
+    const BackendOptions& options, std::string_view user) {
+  MLA_ASSIGN_OR_RETURN(const WorkspaceSpec spec, workspace_spec(options));
   return WorkspaceRegistry::global().acquire(spec, user);
 }
 

@@ -39,6 +39,9 @@ class PagedMlaBackend : public BackendBase {
   // every paged_mla instance's, and chunked_mla's fallback's.
   static StatusOr<std::shared_ptr<SharedWorkspace>> acquire_workspace(const BackendOptions& options,
                                                                       std::string_view user);
+  // What acquire_workspace asks the registry for (its size resolved; a malformed environment
+  // value is kInvalidArgument): also what mla.Backend's paged_mla workspace is (family_workspace).
+  static StatusOr<WorkspaceSpec> workspace_spec(const BackendOptions& options);
 
  protected:
   StatusOr<WorkspaceView> op_workspace(std::size_t needed, bool fell_back) override;
