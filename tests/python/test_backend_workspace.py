@@ -246,7 +246,8 @@ def test_backends_sharing_a_workspace_on_two_threads_compute_correctly():
     """Two paged_mla backends on two threads run in the one shared workspace and both compute
     correctly: each layer call holds its lock (as SharedWorkspace::lock_for_use). On this build
     the test passes without the lock too (tried: the op call seems not to let the threads'
-    ops overlap); it guards the result, not the lock."""
+    ops overlap); it guards the result; test_the_workspace_lock_is_held_while_an_op_runs guards
+    the lock."""
     import threading
     backends = [Backend("paged_mla", num_heads=H, page_size=P, device="cpu", sm_scale=0.1)
                 for _ in range(2)]
@@ -268,3 +269,39 @@ def test_backends_sharing_a_workspace_on_two_threads_compute_correctly():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_the_workspace_lock_is_held_while_an_op_runs(monkeypatch):
+    """What the two-thread test cannot show: every op of a layer call runs with its
+    workspace's lock held (as SharedWorkspace::lock_for_use), the absorbed op of a decode and the
+    MHA op of an extend alike, and the lock is free again between layer calls."""
+    be = Backend("paged_mla", num_heads=H, page_size=P, device="cpu", sm_scale=0.1)
+    lock = be._workspace.lock
+    real = mla_ops.ops
+    held = []
+
+    class Checking:  # the op library, recording whether the lock is held at each op call
+        def __getattr__(self, name):
+            op = getattr(real, name)
+            if name not in ("absorbed_run", "mha_run"):
+                return op
+
+            def run(*args, **kwargs):
+                held.append((name, lock.locked()))
+                return op(*args, **kwargs)
+            return run
+
+    monkeypatch.setattr(mla_ops, "ops", Checking())
+    case = PagedCase(page_size=P, kv_lens=[40, 300, 170], q_lens=[1] * 3, heads=H,
+                     layout="shuffled", seed=4)
+    run_decode(be, case, torch.device("cpu"))
+    assert held == [("absorbed_run", True)] and not lock.locked()
+    fb = extend_batch([5, 3], [0, 0])  # no prefix: one ragged causal MHA pass
+    be.init_forward_metadata(fb)
+    assert be.forward_method == "mha"
+    q, k = torch.randn(8, H, 192).to(torch.bfloat16), torch.randn(8, H, 192).to(torch.bfloat16)
+    v = torch.randn(8, H, 128).to(torch.bfloat16)
+    layer = SimpleNamespace(layer_id=0, scaling=0.1, tp_q_head_num=H, head_dim=192,
+                            v_head_dim=128)
+    be.forward_extend(q, k, v, layer, fb, save_kv_cache=False)
+    assert held[1:] == [("mha_run", True)] and not lock.locked()
