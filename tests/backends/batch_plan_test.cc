@@ -24,11 +24,6 @@ using backends::BackendBase;
 using backends::BatchPlan;
 using backends::ChunkedMlaBackend;
 
-planning::ExtendRule rule_of(std::string_view family) {
-  return family == "paged_mla" ? planning::ExtendRule::kPrefixThreshold
-                               : planning::ExtendRule::kChunkedUnlessFallback;
-}
-
 class BatchPlanTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -83,7 +78,8 @@ TEST_F(BatchPlanTest, DecisionsAgreeWithTheRuleForEveryFamilyOptionAndMode) {
         ForwardBatch batch = testing::make_batch(*pool_, spec, rng_);
         const uint64_t epoch = plan.epoch;
         ASSERT_TRUE(plan_batch(*b, batch).ok()) << what;
-        const planning::BatchMethod d = planning::decide_batch_method(rule_of(name), mo, batch);
+        const planning::BatchMethod d =
+            planning::decide_batch_method(backends::family_extend_rule(name).value(), mo, batch);
         const bool expect_fallback = name != "paged_mla" && d.fell_back;
         EXPECT_EQ(plan.epoch, epoch + 1) << what;
         EXPECT_EQ(plan.mode, spec.mode) << what;
